@@ -1,0 +1,48 @@
+"""Result types of the cost model shared by the simulator and the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ChunkCost", "CollectiveCost"]
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Cost of one model chunk (a contiguous slice of layers on one pipeline rank, possibly with
+    the embedding and/or the head) for one micro-batch, on one rank of its tensor-parallel group.
+
+    Times include the tensor-parallel collectives inside the chunk (``tp_comm_s`` of them).
+    """
+
+    forward_s: float
+    backward_input_s: float  # dL/dx part of backward (what the previous stage waits for)
+    backward_weight_s: float  # dL/dW part (deferrable in zero-bubble schedules)
+    recompute_s: float  # forward recomputation before backward (0 without recomputation)
+    tp_comm_s: float  # time in tensor-parallel collectives, forward + backward
+    activation_bytes: int  # held per in-flight micro-batch between its forward and backward
+    weight_bytes: int  # this rank's parameters of the chunk
+    grad_bytes: int  # this rank's gradients of the chunk
+    optimizer_bytes: int  # this rank's optimizer state (after optimizer-state sharding)
+    grad_reduce_bytes: int  # gradient bytes reduced over data-parallel ranks per iteration
+    p2p_bytes: int  # activation (and its gradient) sent between stages per micro-batch
+    model_flops: float  # matmul FLOPs (forward + backward, no recomputation) per micro-batch, this rank
+
+    @property
+    def backward_s(self) -> float:
+        """Whole backward: recomputation, input gradient and weight gradient."""
+        return self.recompute_s + self.backward_input_s + self.backward_weight_s
+
+    @property
+    def static_bytes(self) -> int:
+        """Memory that does not depend on in-flight micro-batches."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Time of one collective and the algorithm that achieves it."""
+
+    time_s: float
+    algorithm: str
+    bytes_per_rank: float  # bytes each rank sends over the slowest link class it uses

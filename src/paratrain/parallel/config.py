@@ -1,0 +1,258 @@
+"""The one configuration consumed by planner, simulator and runtime.
+
+Mesh layout: ``mesh_order`` lists the mesh axes from outermost to innermost, as the dims of a
+``torch.distributed`` DeviceMesh. The default ``("pp", "dp", "tp")`` makes tensor-parallel ranks
+consecutive (inside one node when ``tp`` ≤ devices per node), then data parallel, with pipeline
+stages outermost — Megatron-LM's default layout. Rank of mesh coordinate ``c`` is the row-major
+index of ``c`` over the axes in ``mesh_order``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paratrain.errors import ConfigError, require_positive_int
+
+if TYPE_CHECKING:
+    from paratrain.spec.model import ModelSpec
+
+__all__ = ["ParallelConfig", "Recompute", "ScheduleName", "AXES"]
+
+AXES = ("pp", "dp", "tp")
+
+
+class ScheduleName(str, Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    CHIMERA = "chimera"
+    PIPEDREAM = "pipedream"
+    PIPEDREAM_2BW = "2bw"
+    ZB_H1 = "zb-h1"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_async(self) -> bool:
+        """Asynchronous schedules update weights without a pipeline flush."""
+        return self in (ScheduleName.PIPEDREAM, ScheduleName.PIPEDREAM_2BW)
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core only (Korthikanti et al. 2022)
+    FULL = "full"  # whole layer; only the layer input is kept
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _enum(cls: type[Enum], field: str, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise ConfigError(field, f"unknown value {value!r}", f"use one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training job is parallelized.
+
+    ``global_batch`` is in samples (sequences); ``microbatch`` is the per-pipeline micro-batch
+    size. Each data-parallel replica processes ``global_batch / dp`` samples per iteration as
+    :attr:`num_microbatches` micro-batches.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatch: int = 1
+    global_batch: int | None = None  # defaults to dp × microbatch × pp (one micro-batch per stage)
+    schedule: ScheduleName = ScheduleName.ONE_F_ONE_B
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    optimizer_sharding: bool = False  # ZeRO-1: Adam state sharded over data-parallel ranks
+    mesh_order: tuple[str, ...] = AXES
+    partition: tuple[int, ...] | None = None  # layers per model chunk; None = as even as possible
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for f in ("dp", "tp", "pp", "microbatch", "virtual_stages"):
+            require_positive_int(f, getattr(self, f))
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.dp * self.microbatch * self.pp)
+        require_positive_int("global_batch", self.global_batch)
+        object.__setattr__(self, "schedule", _enum(ScheduleName, "schedule", self.schedule))
+        object.__setattr__(self, "recompute", _enum(Recompute, "recompute", self.recompute))
+        order = tuple(str(a) for a in self.mesh_order)
+        if sorted(order) != sorted(AXES):
+            raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
+        object.__setattr__(self, "mesh_order", order)
+        if self.global_batch % (self.dp * self.microbatch):
+            raise ConfigError(
+                "global_batch",
+                f"global batch {self.global_batch} is not divisible by dp({self.dp}) * microbatch({self.microbatch})"
+                f" = {self.dp * self.microbatch}",
+                f"use a multiple of {self.dp * self.microbatch}",
+            )
+        if self.virtual_stages > 1 and self.schedule is not ScheduleName.INTERLEAVED:
+            raise ConfigError(
+                "virtual_stages", f"{self.virtual_stages} virtual stages need the interleaved schedule",
+                "use --schedule interleaved or --virtual-stages 1",
+            )
+        if self.partition is not None:
+            part = tuple(int(x) for x in self.partition)
+            object.__setattr__(self, "partition", part)
+            if len(part) != self.num_chunks:
+                raise ConfigError(
+                    "partition", f"has {len(part)} entries, the pipeline has {self.num_chunks} model chunks",
+                    f"give one layer count per chunk (pp × virtual_stages = {self.num_chunks})",
+                )
+            if any(x <= 0 for x in part):
+                raise ConfigError("partition", f"{list(part)} has an empty stage", "give every chunk at least one layer")
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)  # nothing to split with tp = 1
+
+    # ----- derived -------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per iteration."""
+        assert self.global_batch is not None
+        return self.global_batch // (self.dp * self.microbatch)
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks in the pipeline (stages × virtual stages)."""
+        return self.pp * self.virtual_stages
+
+    def axis_size(self, axis: str) -> int:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}[axis]
+
+    def rank_of(self, *, dp: int = 0, tp: int = 0, pp: int = 0) -> int:
+        coords = {"dp": dp, "tp": tp, "pp": pp}
+        r = 0
+        for a in self.mesh_order:
+            r = r * self.axis_size(a) + coords[a]
+        return r
+
+    def coords_of(self, rank: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in reversed(self.mesh_order):
+            n = self.axis_size(a)
+            out[a] = rank % n
+            rank //= n
+        return out
+
+    def group_ranks(self, axis: str) -> list[tuple[int, ...]]:
+        """Every communication group along ``axis``: tuples of global ranks."""
+        others = [a for a in AXES if a != axis]
+        groups = []
+        for fixed in itertools.product(*(range(self.axis_size(a)) for a in others)):
+            kw = dict(zip(others, fixed, strict=True))
+            groups.append(tuple(self.rank_of(**{**kw, axis: i}) for i in range(self.axis_size(axis))))
+        return groups
+
+    def layers_per_chunk(self, layers: int) -> tuple[int, ...]:
+        """The partition, or the even split (earlier chunks take the remainder)."""
+        if self.partition is not None:
+            return self.partition
+        n = self.num_chunks
+        base, extra = divmod(layers, n)
+        return tuple(base + (1 if i < extra else 0) for i in range(n))
+
+    # ----- checks against a model ------------------------------------------------------------
+    def validate_for(self, model: ModelSpec, *, even_layers: bool = False) -> None:
+        """Raise :class:`ConfigError` if this layout cannot run ``model``.
+
+        ``even_layers`` demands that the pipeline chunks split the layers evenly (what the
+        runtime and ``simulate`` require when no explicit partition is given).
+        """
+        if model.heads % self.tp:
+            raise ConfigError(
+                "tp", f"tp({self.tp}) does not divide the {model.heads} attention heads",
+                f"use a tp among {[d for d in range(1, model.heads + 1) if model.heads % d == 0][:8]}",
+            )
+        kv = model.num_kv_heads
+        if kv % self.tp and self.tp % kv:
+            raise ConfigError(
+                "tp", f"tp({self.tp}) and the {kv} key/value heads do not divide one another",
+                "use a tp that divides kv_heads or is a multiple of it",
+            )
+        if model.ffn_size % self.tp:
+            raise ConfigError("tp", f"tp({self.tp}) does not divide the FFN size {model.ffn_size}", "pick tp dividing ffn")
+        if self.sequence_parallel and model.seq % self.tp:
+            raise ConfigError(
+                "sequence_parallel", f"sequence {model.seq} is not divisible by tp({self.tp})", "disable sequence parallelism"
+            )
+        if self.partition is not None:
+            if sum(self.partition) != model.layers:
+                raise ConfigError(
+                    "partition", f"sums to {sum(self.partition)} layers, the model has {model.layers}",
+                    "make the layer counts add up to the model's layers",
+                )
+        elif self.num_chunks > model.layers:
+            raise ConfigError(
+                "pp", f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} chunks"
+                f" exceed the {model.layers} layers", "use fewer pipeline stages",
+            )
+        elif even_layers and model.layers % self.num_chunks:
+            raise ConfigError(
+                "pp", f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} does not divide the"
+                f" {model.layers} layers", "pick pp dividing the layer count, or give an explicit partition",
+            )
+
+    # ----- serialization -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["schedule"] = self.schedule.value
+        d["recompute"] = self.recompute.value
+        d["mesh_order"] = list(self.mesh_order)
+        d["partition"] = list(self.partition) if self.partition is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], field: str = "--config") -> ParallelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ConfigError(f"{field} key {unknown[0]!r}", "is not a parallel-config field", f"use keys among: {', '.join(sorted(known))}")
+        try:
+            return cls(**doc)
+        except TypeError as e:
+            raise ConfigError(field, str(e), "check the config keys") from None
+
+    def with_overrides(self, **kw: Any) -> ParallelConfig:
+        changes = {k: v for k, v in kw.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+def load_run_document(path: str | Path, field: str = "--config") -> dict[str, Any]:
+    """A config document as ``paratrain plan --json`` writes it, or a bare ParallelConfig mapping.
+
+    Returns a dict with keys ``parallel`` (ParallelConfig) and optionally ``model``/``cluster``
+    (raw mappings or names, to be resolved by the caller).
+    """
+    from paratrain.spec._files import load_document
+
+    doc = load_document(path, field)
+    if "config" in doc and isinstance(doc["config"], dict):
+        doc = doc["config"]
+    if "parallel" in doc:
+        out = {k: v for k, v in doc.items() if k != "parallel"}
+        out["parallel"] = ParallelConfig.from_dict(doc["parallel"], field)
+        return out
+    return {"parallel": ParallelConfig.from_dict(doc, field)}

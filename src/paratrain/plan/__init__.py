@@ -1,0 +1,1 @@
+"""Search for the fastest memory-feasible configuration."""

@@ -1,0 +1,1 @@
+"""Real training on torch.distributed: mesh, reference models, tensor/data/pipeline parallelism."""

@@ -1,0 +1,1 @@
+"""Pipeline schedules as data: one IR, generators per family, validation."""

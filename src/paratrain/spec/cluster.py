@@ -1,0 +1,225 @@
+"""Cluster specification: nodes of identical devices, the links between them, and the topology.
+
+Ranks are numbered node-major: rank ``r`` lives on node ``r // devices_per_node``. Which links a
+communication group crosses therefore follows from the ranks in the group (see
+:meth:`ClusterSpec.nodes_spanned`) and from the topology's kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError, require_positive, require_positive_int
+from paratrain.spec.device import DeviceSpec, resolve_device
+
+__all__ = ["ClusterSpec", "LinkSpec", "Topology", "TopologyKind", "resolve_cluster"]
+
+
+class TopologyKind(str, Enum):
+    SINGLE_SWITCH = "single-switch"  # every node one hop from every other, full bisection
+    FAT_TREE = "fat-tree"  # leaf switches of `nodes_per_leaf` nodes, uplinks oversubscribed
+    TORUS_2D = "torus-2d"  # nodes on a 2-D wrap-around grid (`dims`)
+    TORUS_3D = "torus-3d"  # nodes on a 3-D wrap-around grid (`dims`)
+    HAMMINGMESH = "hammingmesh"  # boards (`board` = a×b devices, 2-D mesh) joined by row/column switches
+    DRAGONFLY = "dragonfly"  # groups of `nodes_per_leaf` nodes, all-to-all global links
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link's one-direction bandwidth and its per-message latency (the alpha of alpha–beta)."""
+
+    bandwidth_Bps: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        require_positive("bandwidth_Bps", self.bandwidth_Bps)
+        require_positive("latency_s", self.latency_s, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class Topology:
+    kind: TopologyKind = TopologyKind.SINGLE_SWITCH
+    oversubscription: float = 1.0  # fat tree / dragonfly: downlink:uplink bandwidth ratio (≥ 1)
+    nodes_per_leaf: int = 16  # fat tree: nodes under one leaf switch; dragonfly: nodes per group
+    dims: tuple[int, ...] = ()  # torus: nodes per dimension; hammingmesh: boards per row/column
+    board: tuple[int, ...] = ()  # hammingmesh: devices per board along each dimension
+    in_network_reduction: bool = False  # switches can reduce (NVIDIA SHARP, a PsPIN switch)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", TopologyKind(str(self.kind).lower()))
+        except ValueError:
+            choices = ", ".join(k.value for k in TopologyKind)
+            raise ConfigError("topology.kind", f"unknown topology {self.kind!r}", f"use one of: {choices}") from None
+        require_positive("topology.oversubscription", self.oversubscription)
+        if self.oversubscription < 1:
+            raise ConfigError(
+                "topology.oversubscription", f"must be at least 1, got {self.oversubscription}", "use 1 for full bisection"
+            )
+        require_positive_int("topology.nodes_per_leaf", self.nodes_per_leaf)
+        object.__setattr__(self, "dims", tuple(self.dims))
+        object.__setattr__(self, "board", tuple(self.board))
+        for i, d in enumerate(self.dims):
+            require_positive_int(f"topology.dims[{i}]", d)
+        for i, d in enumerate(self.board):
+            require_positive_int(f"topology.board[{i}]", d)
+        want = {TopologyKind.TORUS_2D: 2, TopologyKind.TORUS_3D: 3}.get(self.kind)
+        if want is not None and self.dims and len(self.dims) != want:
+            raise ConfigError("topology.dims", f"{self.kind} needs {want} dimensions, got {len(self.dims)}", f"give {want} sizes")
+        if self.kind is TopologyKind.HAMMINGMESH and self.board and len(self.board) != 2:
+            raise ConfigError("topology.board", "a HammingMesh board is 2-D", "give board as [a, b]")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``nodes`` × ``devices_per_node`` identical devices.
+
+    ``intra_link`` joins devices inside a node (NVLink/NVSwitch: every pair, full bandwidth);
+    ``inter_link`` is each device's own network interface (one NIC per device, as in DGX nodes).
+    """
+
+    name: str
+    device: DeviceSpec
+    nodes: int
+    devices_per_node: int
+    intra_link: LinkSpec
+    inter_link: LinkSpec
+    topology: Topology = field(default_factory=Topology)
+
+    def __post_init__(self) -> None:
+        require_positive_int("nodes", self.nodes)
+        require_positive_int("devices_per_node", self.devices_per_node)
+        t = self.topology
+        if t.kind in (TopologyKind.TORUS_2D, TopologyKind.TORUS_3D) and t.dims:
+            n = 1
+            for d in t.dims:
+                n *= d
+            if n != self.nodes:
+                raise ConfigError(
+                    "topology.dims", f"torus {'x'.join(map(str, t.dims))} holds {n} nodes, cluster has {self.nodes}",
+                    "make the product of dims equal the node count",
+                )
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def nodes_spanned(self, ranks: tuple[int, ...] | list[int]) -> int:
+        """How many distinct nodes the given ranks occupy."""
+        return len({r // self.devices_per_node for r in ranks})
+
+    def resized(self, *, nodes: int | None = None, gpus: int | None = None) -> ClusterSpec:
+        """The same cluster with ``nodes`` nodes, or just enough nodes for ``gpus`` devices.
+
+        ``gpus`` smaller than one node gives a single partial node.
+        """
+        if nodes is not None and gpus is not None:
+            if gpus != nodes * self.devices_per_node and not (nodes == 1 and gpus < self.devices_per_node):
+                raise ConfigError(
+                    "--gpus", f"{gpus} GPUs do not fill {nodes} nodes of {self.devices_per_node}", "give only one of --nodes/--gpus"
+                )
+        if gpus is not None:
+            require_positive_int("--gpus", gpus)
+            if gpus < self.devices_per_node:
+                return dataclasses.replace(self, nodes=1, devices_per_node=gpus, topology=_refit(self.topology, 1))
+            if gpus % self.devices_per_node:
+                raise ConfigError(
+                    "--gpus",
+                    f"{gpus} GPUs is not a whole number of {self.devices_per_node}-GPU nodes of {self.name}",
+                    f"use a multiple of {self.devices_per_node}, or --nodes",
+                )
+            nodes = gpus // self.devices_per_node
+        if nodes is not None:
+            require_positive_int("--nodes", nodes)
+            return dataclasses.replace(self, nodes=nodes, topology=_refit(self.topology, nodes))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["topology"]["kind"] = self.topology.kind.value
+        return d
+
+
+def _refit(t: Topology, nodes: int) -> Topology:
+    """Resize a torus to ``nodes`` (as square/cubic as the count allows); other kinds are unchanged."""
+    if t.kind not in (TopologyKind.TORUS_2D, TopologyKind.TORUS_3D) or not t.dims:
+        return t
+    ndim = len(t.dims)
+    dims = [1] * ndim
+    rest = nodes
+    for i in range(ndim):
+        target = round(rest ** (1 / (ndim - i)))
+        d = max(x for x in range(1, rest + 1) if rest % x == 0 and x <= max(1, target))
+        dims[i] = d
+        rest //= d
+    dims[-1] *= rest
+    return dataclasses.replace(t, dims=tuple(sorted(dims, reverse=True)))
+
+
+def from_document(doc: dict[str, Any], field_name: str = "--cluster") -> ClusterSpec:
+    doc = dict(doc)
+    base: ClusterSpec | None = None
+    if "preset" in doc:
+        base = resolve_cluster(str(doc.pop("preset")), field_name)
+    if "device" in doc:
+        dev = doc["device"]
+        doc["device"] = resolve_device(dev, f"{field_name} device") if isinstance(dev, str) else DeviceSpec(**dev)
+    for k in ("intra_link", "inter_link"):
+        if k in doc and isinstance(doc[k], dict):
+            try:
+                doc[k] = LinkSpec(**doc[k])
+            except TypeError as e:
+                raise ConfigError(f"{field_name} {k}", str(e), "give bandwidth_Bps and latency_s") from None
+    if "topology" in doc and isinstance(doc["topology"], dict):
+        try:
+            doc["topology"] = Topology(**doc["topology"])
+        except TypeError as e:
+            raise ConfigError(f"{field_name} topology", str(e), "check the topology keys") from None
+    known = {f.name for f in dataclasses.fields(ClusterSpec)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"{field_name} key {unknown[0]!r}", "is not a cluster field", f"use keys among: {', '.join(sorted(known))}")
+    if base is not None:
+        return dataclasses.replace(base, **doc)
+    try:
+        return ClusterSpec(**doc)
+    except TypeError as e:
+        raise ConfigError(field_name, str(e), "check the cluster file's keys") from None
+
+
+def resolve_cluster(
+    name_or_path: str,
+    field_name: str = "--cluster",
+    *,
+    nodes: int | None = None,
+    gpus: int | None = None,
+    device: str | None = None,
+) -> ClusterSpec:
+    """A preset (``dgx-a100``, ``dgx-h100``, ``piz-daint``, ``cpu``) or a file, then sizing."""
+    from paratrain.spec._files import load_document
+    from paratrain.spec.cluster_presets import cluster_preset, CLUSTER_PRESETS
+
+    key = name_or_path.lower()
+    if key in CLUSTER_PRESETS:
+        spec = cluster_preset(key)
+    else:
+        p = Path(name_or_path)
+        if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
+            spec = from_document(load_document(p, field_name), field_name)
+        else:
+            raise ConfigError(
+                field_name, f"unknown cluster preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path"
+            )
+    if device is not None:
+        spec = dataclasses.replace(spec, device=resolve_device(device))
+    return spec.resized(nodes=nodes, gpus=gpus)

@@ -1,0 +1,89 @@
+"""Cluster presets, each number with its public source.
+
+Bandwidths are per direction. Latencies are the per-message software+wire alpha that NCCL-style
+collectives see, not the raw link latency.
+"""
+
+from __future__ import annotations
+
+from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind
+from paratrain.spec.device import resolve_device
+
+__all__ = ["CLUSTER_PRESETS", "cluster_preset"]
+
+GB = 1e9
+Gbit = 1e9 / 8
+
+
+def _dgx_a100() -> ClusterSpec:
+    # NVIDIA DGX A100 datasheet: 8× A100 80GB, NVLink 3 at 600 GB/s bidirectional per GPU
+    # (300 GB/s each way) through NVSwitch, 8× 200 Gb/s HDR InfiniBand ConnectX-6 for compute
+    # (one per GPU). DGX SuperPOD reference architecture: non-blocking fat tree, 20 nodes per
+    # scalable unit leaf group (rounded to 16 here), SHARP-capable Quantum switches.
+    return ClusterSpec(
+        name="dgx-a100",
+        device=resolve_device("a100-80gb"),
+        nodes=1,
+        devices_per_node=8,
+        intra_link=LinkSpec(bandwidth_Bps=300 * GB, latency_s=3e-6),
+        inter_link=LinkSpec(bandwidth_Bps=200 * Gbit, latency_s=6e-6),
+        topology=Topology(kind=TopologyKind.FAT_TREE, oversubscription=1.0, nodes_per_leaf=16),
+    )
+
+
+def _dgx_h100() -> ClusterSpec:
+    # NVIDIA DGX H100 datasheet: 8× H100 SXM5, NVLink 4 at 900 GB/s bidirectional per GPU
+    # (450 GB/s each way), 8× 400 Gb/s ConnectX-7 (NDR InfiniBand), non-blocking fat tree in the
+    # DGX SuperPOD H100 reference architecture (32 nodes per scalable unit, rounded to 16 per leaf).
+    return ClusterSpec(
+        name="dgx-h100",
+        device=resolve_device("h100"),
+        nodes=1,
+        devices_per_node=8,
+        intra_link=LinkSpec(bandwidth_Bps=450 * GB, latency_s=3e-6),
+        inter_link=LinkSpec(bandwidth_Bps=400 * Gbit, latency_s=6e-6),
+        topology=Topology(kind=TopologyKind.FAT_TREE, oversubscription=1.0, nodes_per_leaf=16),
+    )
+
+
+def _piz_daint() -> ClusterSpec:
+    # CSCS Piz Daint (Cray XC50): one P100 16GB per node, Cray Aries dragonfly interconnect.
+    # Aries injection bandwidth about 10 GB/s per node and ~1.3 µs MPI latency (Alverson et al.,
+    # "Cray XC Series Network", 2012); groups of 384 nodes (two cabinets) joined by global links,
+    # whose tapering is approximated by an oversubscription of 2. Intra-node "link" is PCIe 3 x16
+    # (~12 GB/s) but unused with one device per node.
+    return ClusterSpec(
+        name="piz-daint",
+        device=resolve_device("p100"),
+        nodes=1,
+        devices_per_node=1,
+        intra_link=LinkSpec(bandwidth_Bps=12 * GB, latency_s=5e-6),
+        inter_link=LinkSpec(bandwidth_Bps=10 * GB, latency_s=1.5e-6),
+        topology=Topology(kind=TopologyKind.DRAGONFLY, oversubscription=2.0, nodes_per_leaf=384),
+    )
+
+
+def _cpu() -> ClusterSpec:
+    # This machine: processes talk through gloo over loopback TCP. Figures are conservative
+    # defaults; `paratrain calibrate` measures the device itself.
+    return ClusterSpec(
+        name="cpu",
+        device=resolve_device("cpu"),
+        nodes=1,
+        devices_per_node=8,
+        intra_link=LinkSpec(bandwidth_Bps=2 * GB, latency_s=50e-6),
+        inter_link=LinkSpec(bandwidth_Bps=1 * GB, latency_s=100e-6),
+        topology=Topology(kind=TopologyKind.SINGLE_SWITCH),
+    )
+
+
+CLUSTER_PRESETS = {
+    "dgx-a100": _dgx_a100,
+    "dgx-h100": _dgx_h100,
+    "piz-daint": _piz_daint,
+    "cpu": _cpu,
+}
+
+
+def cluster_preset(name: str) -> ClusterSpec:
+    return CLUSTER_PRESETS[name]()

@@ -1,0 +1,141 @@
+"""Accelerator specification and presets.
+
+A :class:`DeviceSpec` holds the datasheet numbers (peak FLOP/s per dtype, memory capacity and
+bandwidth, SM count) plus the few efficiency parameters the roofline and GEMM shape-efficiency
+model use. Presets live in :mod:`paratrain.spec.device_presets`, each number with its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError, require_positive, require_positive_int
+
+__all__ = ["DeviceSpec", "resolve_device", "cpu_calibration_path"]
+
+_PEAK_FIELDS = {
+    "fp32": "peak_fp32_flops",
+    "tf32": "peak_tf32_flops",
+    "bf16": "peak_bf16_flops",
+    "fp16": "peak_fp16_flops",
+    "fp8": "peak_fp8_flops",
+    "int8": "peak_int8_flops",
+}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator.
+
+    Peak FLOP/s are dense (no structured sparsity). A dtype the device lacks has peak 0.
+    ``gemm_tile_m``/``gemm_tile_n`` are the output tile of the typical tensor-core GEMM kernel,
+    ``gemm_tile_k`` its K step; with ``sm_count`` they drive tile and wave quantization.
+    ``gemm_efficiency`` is the fraction of peak a large, well-shaped GEMM sustains and
+    ``memory_efficiency`` the fraction of peak bandwidth a streaming kernel sustains.
+    """
+
+    name: str
+    peak_fp32_flops: float
+    peak_bf16_flops: float
+    memory_bytes: int
+    memory_bandwidth_Bps: float
+    sm_count: int
+    peak_tf32_flops: float = 0.0
+    peak_fp16_flops: float = 0.0
+    peak_fp8_flops: float = 0.0
+    peak_int8_flops: float = 0.0
+    gemm_tile_m: int = 128
+    gemm_tile_n: int = 128
+    gemm_tile_k: int = 32
+    gemm_efficiency: float = 0.85
+    memory_efficiency: float = 0.85
+    kernel_overhead_s: float = 4e-6  # launch + tail of one kernel
+
+    def __post_init__(self) -> None:
+        require_positive("peak_fp32_flops", self.peak_fp32_flops)
+        require_positive("memory_bandwidth_Bps", self.memory_bandwidth_Bps)
+        require_positive_int("memory_bytes", self.memory_bytes)
+        require_positive_int("sm_count", self.sm_count)
+        for f in ("peak_bf16_flops", "peak_tf32_flops", "peak_fp16_flops", "peak_fp8_flops", "peak_int8_flops"):
+            require_positive(f, getattr(self, f), allow_zero=True)
+        for f in ("gemm_tile_m", "gemm_tile_n", "gemm_tile_k"):
+            require_positive_int(f, getattr(self, f))
+        for f in ("gemm_efficiency", "memory_efficiency"):
+            v = getattr(self, f)
+            require_positive(f, v)
+            if v > 1:
+                raise ConfigError(f, f"must be at most 1, got {v}", "give a fraction of peak in (0, 1]")
+        require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; a dtype the device lacks falls back to the next wider one
+        it has (fp8→bf16/fp16→fp32), as frameworks do."""
+        if dtype not in _PEAK_FIELDS:
+            raise ConfigError("dtype", f"unknown dtype {dtype!r}", f"use one of: {', '.join(_PEAK_FIELDS)}")
+        chain = {
+            "fp8": ("fp8", "bf16", "fp16", "fp32"),
+            "int8": ("int8", "fp16", "fp32"),
+            "bf16": ("bf16", "fp16", "fp32"),
+            "fp16": ("fp16", "bf16", "fp32"),
+            "tf32": ("tf32", "fp32"),
+            "fp32": ("fp32",),
+        }[dtype]
+        for d in chain:
+            v = getattr(self, _PEAK_FIELDS[d])
+            if v > 0:
+                return v
+        return self.peak_fp32_flops
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def cpu_calibration_path() -> Path:
+    """Where ``paratrain calibrate`` stores this machine's measured ``cpu`` device."""
+    base = os.environ.get("PARATRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "paratrain")
+    return Path(base) / "cpu.json"
+
+
+def from_document(doc: dict[str, Any], field: str = "--device") -> DeviceSpec:
+    doc = dict(doc)
+    base = None
+    if "preset" in doc:
+        base = resolve_device(str(doc.pop("preset")), field)
+    known = {f.name for f in dataclasses.fields(DeviceSpec)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(f"{field} key {unknown[0]!r}", "is not a device field", f"use keys among: {', '.join(sorted(known))}")
+    if base is not None:
+        return dataclasses.replace(base, **doc)
+    try:
+        return DeviceSpec(**doc)
+    except TypeError as e:
+        raise ConfigError(field, str(e), "check the device file's keys") from None
+
+
+def resolve_device(name_or_path: str, field: str = "--device") -> DeviceSpec:
+    """A preset name (``a100-80gb``, ``h100``, ``cpu`` …) or a JSON/YAML/TOML file."""
+    from paratrain.spec._files import load_document
+    from paratrain.spec.device_presets import DEVICE_ALIASES, DEVICE_PRESETS
+
+    key = name_or_path.lower()
+    key = DEVICE_ALIASES.get(key, key)
+    if key == "cpu":
+        path = cpu_calibration_path()
+        if path.is_file():
+            try:
+                return from_document(json.loads(path.read_text()), f"{field} (calibration {path})")
+            except (ValueError, ConfigError):
+                pass  # a stale or damaged calibration file falls back to the default estimate
+        return DEVICE_PRESETS["cpu"]
+    if key in DEVICE_PRESETS:
+        return DEVICE_PRESETS[key]
+    p = Path(name_or_path)
+    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
+        return from_document(load_document(p, field), field)
+    raise ConfigError(field, f"unknown device preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path")

@@ -1,0 +1,135 @@
+"""Device presets. Every number cites the public datasheet it comes from.
+
+Peak FLOP/s are dense tensor-core figures (the datasheets' "with sparsity" figures are halved).
+Efficiency parameters are paratrain's own defaults for the roofline model; ``paratrain validate``
+reports how they fit measured runs.
+"""
+
+from __future__ import annotations
+
+from paratrain.spec.device import DeviceSpec
+
+__all__ = ["DEVICE_PRESETS", "DEVICE_ALIASES"]
+
+T = 1e12
+GB = 10**9
+GiB = 2**30
+
+DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    # NVIDIA Tesla P100 SXM2 datasheet (2016): FP32 10.6 TF, FP16 21.2 TF, 16 GB HBM2 at 732 GB/s;
+    # 56 SMs (Pascal GP100 whitepaper, Table 1). No tensor cores: small tiles.
+    "p100": DeviceSpec(
+        name="p100",
+        peak_fp32_flops=10.6 * T,
+        peak_fp16_flops=21.2 * T,
+        peak_bf16_flops=0.0,
+        memory_bytes=16 * GiB,
+        memory_bandwidth_Bps=732 * GB,
+        sm_count=56,
+        gemm_tile_m=128,
+        gemm_tile_n=64,
+        gemm_efficiency=0.80,
+    ),
+    # NVIDIA V100 SXM2 datasheet (2018): FP32 15.7 TF, tensor FP16 125 TF, 32 GB HBM2 at 900 GB/s;
+    # 80 SMs (Volta whitepaper, Table 1). No bf16 (falls back to fp16 tensor cores).
+    "v100": DeviceSpec(
+        name="v100",
+        peak_fp32_flops=15.7 * T,
+        peak_fp16_flops=125 * T,
+        peak_bf16_flops=0.0,
+        memory_bytes=32 * GiB,
+        memory_bandwidth_Bps=900 * GB,
+        sm_count=80,
+        gemm_efficiency=0.75,
+    ),
+    # NVIDIA A100 datasheet (2021): FP32 19.5 TF, TF32 156 TF, BF16/FP16 312 TF, INT8 624 TOPS;
+    # A100 40GB SXM HBM2 at 1,555 GB/s; 108 SMs (Ampere GA100 whitepaper, Table 3).
+    # cuBLAS's large-tile kernels on Ampere use 256×128 output tiles.
+    "a100-40gb": DeviceSpec(
+        name="a100-40gb",
+        peak_fp32_flops=19.5 * T,
+        peak_tf32_flops=156 * T,
+        peak_bf16_flops=312 * T,
+        peak_fp16_flops=312 * T,
+        peak_int8_flops=624 * T,
+        memory_bytes=40 * GiB,
+        memory_bandwidth_Bps=1555 * GB,
+        sm_count=108,
+        gemm_tile_m=256,
+        gemm_tile_n=128,
+    ),
+    # As above; A100 80GB SXM: HBM2e at 2,039 GB/s (A100 datasheet).
+    "a100-80gb": DeviceSpec(
+        name="a100-80gb",
+        peak_fp32_flops=19.5 * T,
+        peak_tf32_flops=156 * T,
+        peak_bf16_flops=312 * T,
+        peak_fp16_flops=312 * T,
+        peak_int8_flops=624 * T,
+        memory_bytes=80 * GiB,
+        memory_bandwidth_Bps=2039 * GB,
+        sm_count=108,
+        gemm_tile_m=256,
+        gemm_tile_n=128,
+    ),
+    # NVIDIA H100 SXM5 datasheet (2023): FP32 67 TF, TF32 494.7 TF, BF16/FP16 989.4 TF,
+    # FP8 1,978.9 TF, INT8 1,978.9 TOPS (dense), 80 GB HBM3 at 3.35 TB/s; 132 SMs (Hopper whitepaper).
+    "h100": DeviceSpec(
+        name="h100",
+        peak_fp32_flops=67 * T,
+        peak_tf32_flops=494.7 * T,
+        peak_bf16_flops=989.4 * T,
+        peak_fp16_flops=989.4 * T,
+        peak_fp8_flops=1978.9 * T,
+        peak_int8_flops=1978.9 * T,
+        memory_bytes=80 * GiB,
+        memory_bandwidth_Bps=3350 * GB,
+        sm_count=132,
+        gemm_tile_m=256,
+        gemm_tile_n=128,
+        gemm_tile_k=64,
+        gemm_efficiency=0.75,
+    ),
+    # NVIDIA H200 SXM datasheet (2024): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
+    "h200": DeviceSpec(
+        name="h200",
+        peak_fp32_flops=67 * T,
+        peak_tf32_flops=494.7 * T,
+        peak_bf16_flops=989.4 * T,
+        peak_fp16_flops=989.4 * T,
+        peak_fp8_flops=1978.9 * T,
+        peak_int8_flops=1978.9 * T,
+        memory_bytes=141 * GB,
+        memory_bandwidth_Bps=4800 * GB,
+        sm_count=132,
+        gemm_tile_m=256,
+        gemm_tile_n=128,
+        gemm_tile_k=64,
+        gemm_efficiency=0.75,
+    ),
+    # Uncalibrated stand-in for a small x86 server core pair; `paratrain calibrate` replaces it
+    # with figures measured on this machine (stored at ~/.cache/paratrain/cpu.json).
+    "cpu": DeviceSpec(
+        name="cpu",
+        peak_fp32_flops=50e9,
+        peak_bf16_flops=0.0,
+        memory_bytes=16 * GiB,
+        memory_bandwidth_Bps=10 * GB,
+        sm_count=2,
+        gemm_tile_m=16,
+        gemm_tile_n=16,
+        gemm_tile_k=16,
+        gemm_efficiency=1.0,
+        memory_efficiency=1.0,
+        kernel_overhead_s=10e-6,
+    ),
+}
+
+DEVICE_ALIASES = {
+    "a100": "a100-80gb",
+    "h100-sxm": "h100",
+    "h100-80gb": "h100",
+    "h200-sxm": "h200",
+    "v100-32gb": "v100",
+    "p100-16gb": "p100",
+}

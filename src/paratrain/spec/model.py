@@ -1,0 +1,361 @@
+"""Model specification: the shape of a transformer, exact parameter count, presets and loaders.
+
+Legend: ``h`` hidden size, ``a`` attention heads, ``k`` key/value heads (GQA), ``d = h/a`` head
+size, ``f`` FFN size, ``V`` vocabulary, ``P`` learned-position table size, ``l`` layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError, require_positive_int
+
+__all__ = [
+    "Activation",
+    "Arch",
+    "ModelSpec",
+    "Norm",
+    "Position",
+    "from_document",
+    "from_hf_config",
+    "resolve_model",
+    "MODEL_OVERRIDE_FIELDS",
+]
+
+
+class Arch(str, Enum):
+    GPT = "gpt"  # decoder-only, causal LM
+    BERT = "bert"  # encoder, masked LM
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Norm(str, Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Activation(str, Enum):
+    GELU = "gelu"
+    RELU = "relu"
+    SWIGLU = "swiglu"  # gated: three h×f matrices (Shazeer 2020)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Position(str, Enum):
+    LEARNED = "learned"
+    ROTARY = "rotary"  # no parameters
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+# Flags shared by every command that takes a model: CLI name -> ModelSpec field.
+MODEL_OVERRIDE_FIELDS = {
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kv_heads",
+    "ffn": "ffn",
+    "seq": "seq",
+    "vocab": "vocab",
+}
+
+
+def _enum(cls: type[Enum], field: str, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise ConfigError(field, f"unknown value {value!r}", f"use one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a transformer model.
+
+    ``kv_heads`` and ``ffn`` may be left ``None``: they then follow ``heads`` (no GQA) and the
+    usual FFN size (4h; for SwiGLU the Llama rule 2/3·4h rounded up to a multiple of 256).
+    Use :attr:`num_kv_heads` and :attr:`ffn_size` for the resolved values.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    kv_heads: int | None = None
+    ffn: int | None = None
+    name: str = "custom"
+    arch: Arch = Arch.GPT
+    norm: Norm = Norm.LAYERNORM
+    activation: Activation = Activation.GELU
+    position: Position = Position.LEARNED
+    tied_embeddings: bool = True
+    bias: bool = True
+    max_positions: int | None = None  # learned-position table size; defaults to seq
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "seq", "vocab"):
+            require_positive_int(f, getattr(self, f))
+        for f in ("kv_heads", "ffn", "max_positions"):
+            v = getattr(self, f)
+            if v is not None:
+                require_positive_int(f, v)
+        object.__setattr__(self, "arch", _enum(Arch, "arch", self.arch))
+        object.__setattr__(self, "norm", _enum(Norm, "norm", self.norm))
+        object.__setattr__(self, "activation", _enum(Activation, "activation", self.activation))
+        object.__setattr__(self, "position", _enum(Position, "position", self.position))
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
+        if self.hidden % self.heads:
+            raise ConfigError(
+                "heads",
+                f"{self.heads} heads do not divide hidden size {self.hidden}",
+                f"pick heads dividing {self.hidden}, e.g. {_nearest_divisor(self.hidden, self.heads)}",
+            )
+        if self.num_kv_heads > self.heads or self.heads % self.num_kv_heads:
+            raise ConfigError(
+                "kv_heads",
+                f"{self.num_kv_heads} key/value heads do not divide {self.heads} heads",
+                "pick kv_heads dividing heads (kv_heads = heads disables GQA)",
+            )
+        if self.arch is Arch.BERT and self.position is not Position.LEARNED:
+            raise ConfigError("position", "BERT uses learned positions", "set position to 'learned'")
+        if self.position is Position.LEARNED and self.max_positions is not None and self.max_positions < self.seq:
+            raise ConfigError(
+                "seq",
+                f"sequence {self.seq} exceeds the {self.max_positions} learned positions",
+                f"use seq <= {self.max_positions} or raise max_positions",
+            )
+
+    # ----- resolved shape -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K (and of the V) projection: ``k·d``."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn is not None:
+            return self.ffn
+        if self.activation is Activation.SWIGLU:
+            # Llama keeps the FFN's parameter count near 8h² with three matrices: 2/3·4h, rounded
+            # up to a multiple of 256 (Touvron et al. 2023, and Meta's reference code).
+            f = int(2 * 4 * self.hidden / 3)
+            return 256 * ((f + 255) // 256)
+        return 4 * self.hidden
+
+    @property
+    def num_positions(self) -> int:
+        """Rows of the learned-position table (0 for rotary)."""
+        if self.position is Position.ROTARY:
+            return 0
+        return self.max_positions if self.max_positions is not None else self.seq
+
+    @property
+    def dtype_bytes(self) -> int:
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_causal(self) -> bool:
+        return self.arch is Arch.GPT
+
+    # ----- exact parameter count --------------------------------------------------------------
+    def norm_params(self) -> int:
+        """Parameters of one normalization layer (LayerNorm has a bias unless ``bias`` is off)."""
+        if self.norm is Norm.RMSNORM or not self.bias:
+            return self.hidden
+        return 2 * self.hidden
+
+    def attention_params(self) -> int:
+        h, kv = self.hidden, self.kv_dim
+        weights = h * h + 2 * h * kv + h * h  # Q, K, V, output projection
+        biases = (h + 2 * kv + h) if self.bias else 0
+        return weights + biases
+
+    def mlp_params(self) -> int:
+        h, f = self.hidden, self.ffn_size
+        if self.activation is Activation.SWIGLU:
+            return 3 * h * f + ((2 * f + h) if self.bias else 0)
+        return 2 * h * f + ((f + h) if self.bias else 0)
+
+    def params_per_layer(self) -> int:
+        """One transformer block: attention, MLP and its two norms."""
+        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+
+    def embedding_params(self) -> int:
+        """Token (and learned position) embeddings; BERT adds token types and a norm."""
+        n = self.vocab * self.hidden + self.num_positions * self.hidden
+        if self.arch is Arch.BERT:
+            n += 2 * self.hidden + self.norm_params()  # two token types, embedding LayerNorm
+        return n
+
+    def head_params(self) -> int:
+        """Everything after the last block: final norm and LM head (GPT) or MLM head (BERT).
+
+        A tied output projection shares the embedding matrix and adds nothing.
+        """
+        h, v = self.hidden, self.vocab
+        if self.arch is Arch.BERT:
+            # MLM transform (dense + norm), then the decoder, whose bias is its own.
+            n = h * h + (h if self.bias else 0) + self.norm_params() + v
+            return n + (0 if self.tied_embeddings else v * h)
+        return self.norm_params() + (0 if self.tied_embeddings else v * h)
+
+    def param_count(self) -> int:
+        return self.embedding_params() + self.layers * self.params_per_layer() + self.head_params()
+
+    # ----- derivation ------------------------------------------------------------------------
+    def with_overrides(self, **overrides: Any) -> ModelSpec:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        if not changes:
+            return self
+        known = {f.name for f in dataclasses.fields(self)}
+        for k in changes:
+            if k not in known:
+                raise ConfigError(k, "is not a model field", f"use one of: {', '.join(sorted(known))}")
+        if "seq" in changes and self.max_positions is not None and "max_positions" not in changes:
+            changes.setdefault("max_positions", max(self.max_positions, changes["seq"]))
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, Enum):
+                d[k] = v.value
+        return d
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divs, key=lambda d: (abs(d - near), d))
+
+
+# ----- loading --------------------------------------------------------------------------------
+
+def from_document(doc: dict[str, Any], field: str = "--model") -> ModelSpec:
+    """Build a spec from a parsed file: paratrain's own keys, ``{"preset": NAME, ...overrides}``,
+    or a HuggingFace ``config.json``."""
+    if "model_type" in doc or "num_hidden_layers" in doc or "n_layer" in doc:
+        return from_hf_config(doc, field)
+    doc = dict(doc)
+    base: ModelSpec | None = None
+    if "preset" in doc:
+        base = preset(str(doc.pop("preset")), field)
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(
+            f"{field} key {unknown[0]!r}", "is not a model field", f"use keys among: {', '.join(sorted(known))}"
+        )
+    if base is not None:
+        return base.with_overrides(**doc)
+    missing = [k for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in doc]
+    if missing:
+        raise ConfigError(f"{field} key {missing[0]!r}", "is required", f"add {missing[0]} to the model file")
+    try:
+        return ModelSpec(**doc)
+    except TypeError as e:
+        raise ConfigError(field, str(e), "check the model file's keys") from None
+
+
+def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
+    """Map a HuggingFace ``config.json`` (GPT-2, BERT, Llama/Mistral/Qwen2-style) to a spec."""
+
+    def get(*names: str, default: Any = None) -> Any:
+        for n in names:
+            if n in cfg and cfg[n] is not None:
+                return cfg[n]
+        if default is None:
+            raise ConfigError(f"{field} key {names[0]!r}", "is missing from the HF config", "add it to config.json")
+        return default
+
+    mtype = str(cfg.get("model_type", "gpt2")).lower()
+    hidden = get("hidden_size", "n_embd", "d_model")
+    common = dict(
+        name=str(cfg.get("_name_or_path") or mtype),
+        layers=get("num_hidden_layers", "n_layer", "num_layers"),
+        hidden=hidden,
+        heads=get("num_attention_heads", "n_head"),
+        vocab=get("vocab_size"),
+    )
+    if mtype == "bert":
+        return ModelSpec(
+            **common,
+            seq=get("max_position_embeddings", default=512),
+            max_positions=get("max_position_embeddings", default=512),
+            ffn=get("intermediate_size", default=4 * hidden),
+            arch=Arch.BERT,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        )
+    if mtype in ("gpt2", "gpt_neo", "openai-gpt"):
+        npos = get("n_positions", "max_position_embeddings", default=1024)
+        return ModelSpec(
+            **common,
+            seq=npos,
+            max_positions=npos,
+            ffn=cfg.get("n_inner") or None,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        )
+    # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
+    act = str(cfg.get("hidden_act", "silu")).lower()
+    return ModelSpec(
+        **common,
+        kv_heads=cfg.get("num_key_value_heads") or None,
+        ffn=get("intermediate_size"),
+        seq=get("max_position_embeddings", default=4096),
+        norm=Norm.RMSNORM if "rms_norm_eps" in cfg else Norm.LAYERNORM,
+        activation=Activation.SWIGLU if act in ("silu", "swish", "swiglu") else Activation.GELU,
+        position=Position.ROTARY,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bias=bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False)),
+    )
+
+
+def preset(name: str, field: str = "--model") -> ModelSpec:
+    from paratrain.spec.model_presets import MODEL_PRESETS
+
+    key = name.lower()
+    if key not in MODEL_PRESETS:
+        raise ConfigError(
+            field, f"unknown model preset {name!r}", f"run `paratrain presets` to list them, or give a file path"
+        )
+    return ModelSpec(name=key, **MODEL_PRESETS[key])
+
+
+def resolve_model(name_or_path: str, field: str = "--model", **overrides: Any) -> ModelSpec:
+    """A preset name or a path to a JSON/YAML/TOML/HF file, then CLI overrides."""
+    from paratrain.spec._files import load_document
+
+    p = Path(name_or_path)
+    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
+        spec = from_document(load_document(p, field), field)
+    else:
+        spec = preset(name_or_path, field)
+    return spec.with_overrides(**overrides)
