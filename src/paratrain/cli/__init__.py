@@ -26,14 +26,24 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Plan, simulate and run large-scale distributed deep-learning training."""
 
 
 # Command modules, in the order they appear in --help.
-_COMMAND_MODULES = ("presets", "cost", "schedule", "simulate", "plan", "validate", "train", "compare", "calibrate", "demo")
+_COMMAND_MODULES = (
+    "presets",
+    "cost",
+    "schedule",
+    "simulate",
+    "plan",
+    "validate",
+    "train",
+    "compare",
+    "calibrate",
+    "demo",
+)
 
 for _name in _COMMAND_MODULES:
     _mod = f"paratrain.cli.{_name}"

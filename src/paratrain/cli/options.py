@@ -15,27 +15,52 @@ from paratrain.spec.device import DeviceSpec, resolve_device
 from paratrain.spec.model import ModelSpec, resolve_model
 
 __all__ = [
-    "ModelOpt", "LayersOpt", "HiddenOpt", "HeadsOpt", "KvHeadsOpt", "FfnOpt", "SeqOpt", "VocabOpt",
-    "ClusterOpt", "DeviceOpt", "NodesOpt", "GpusOpt", "JsonOpt",
-    "resolve_model_opts", "resolve_cluster_opts", "print_json",
+    "ModelOpt",
+    "LayersOpt",
+    "HiddenOpt",
+    "HeadsOpt",
+    "KvHeadsOpt",
+    "FfnOpt",
+    "SeqOpt",
+    "VocabOpt",
+    "ClusterOpt",
+    "DeviceOpt",
+    "NodesOpt",
+    "GpusOpt",
+    "JsonOpt",
+    "resolve_model_opts",
+    "resolve_cluster_opts",
+    "print_json",
 ]
 
 _M = "Model"
 _C = "Cluster"
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset name or JSON/YAML/TOML/HF config.json file.", rich_help_panel=_M)]
+ModelOpt = Annotated[
+    str,
+    typer.Option("--model", "-m", help="Model preset name or JSON/YAML/TOML/HF config.json file.", rich_help_panel=_M),
+]
 LayersOpt = Annotated[int | None, typer.Option("--layers", help="Override: transformer layers.", rich_help_panel=_M)]
 HiddenOpt = Annotated[int | None, typer.Option("--hidden", help="Override: hidden size.", rich_help_panel=_M)]
 HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Override: attention heads.", rich_help_panel=_M)]
-KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="Override: key/value heads (GQA).", rich_help_panel=_M)]
+KvHeadsOpt = Annotated[
+    int | None, typer.Option("--kv-heads", help="Override: key/value heads (GQA).", rich_help_panel=_M)
+]
 FfnOpt = Annotated[int | None, typer.Option("--ffn", help="Override: FFN size.", rich_help_panel=_M)]
 SeqOpt = Annotated[int | None, typer.Option("--seq", help="Override: sequence length.", rich_help_panel=_M)]
 VocabOpt = Annotated[int | None, typer.Option("--vocab", help="Override: vocabulary size.", rich_help_panel=_M)]
 
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset or file.", rich_help_panel=_C)]
-DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", help="Device preset or file (overrides the cluster's).", rich_help_panel=_C)]
-NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Size the cluster to this many nodes.", rich_help_panel=_C)]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", help="Size the cluster to this many devices.", rich_help_panel=_C)]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option("--device", "-d", help="Device preset or file (overrides the cluster's).", rich_help_panel=_C),
+]
+NodesOpt = Annotated[
+    int | None, typer.Option("--nodes", help="Size the cluster to this many nodes.", rich_help_panel=_C)
+]
+GpusOpt = Annotated[
+    int | None, typer.Option("--gpus", help="Size the cluster to this many devices.", rich_help_panel=_C)
+]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 

@@ -17,7 +17,6 @@ def presets(json_out: JsonOpt = False) -> None:
     from paratrain.spec.cluster_presets import CLUSTER_PRESETS, cluster_preset
     from paratrain.spec.device_presets import DEVICE_PRESETS
     from paratrain.spec.model import preset
-
     from paratrain.spec.model_presets import MODEL_PRESETS
 
     models = {n: preset(n) for n in sorted(MODEL_PRESETS)}
@@ -36,20 +35,42 @@ def presets(json_out: JsonOpt = False) -> None:
     for col in ("name", "arch", "layers", "hidden", "heads", "kv", "ffn", "seq", "vocab", "params"):
         t.add_column(col, justify="left" if col in ("name", "arch") else "right")
     for n, m in models.items():
-        t.add_row(n, m.arch.value, str(m.layers), str(m.hidden), str(m.heads), str(m.num_kv_heads),
-                  str(m.ffn_size), str(m.seq), str(m.vocab), f"{m.param_count() / 1e9:.3f}B")
+        t.add_row(
+            n,
+            m.arch.value,
+            str(m.layers),
+            str(m.hidden),
+            str(m.heads),
+            str(m.num_kv_heads),
+            str(m.ffn_size),
+            str(m.seq),
+            str(m.vocab),
+            f"{m.param_count() / 1e9:.3f}B",
+        )
     con.print(t)
     t = Table(title="Devices")
     for col in ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory GiB", "HBM GB/s", "SMs"):
         t.add_column(col, justify="left" if col == "name" else "right")
     for n, d in DEVICE_PRESETS.items():
-        t.add_row(n, f"{d.peak_flops('bf16') / 1e12:.1f}", f"{d.peak_fp32_flops / 1e12:.1f}",
-                  f"{d.memory_bytes / 2**30:.0f}", f"{d.memory_bandwidth_Bps / 1e9:.0f}", str(d.sm_count))
+        t.add_row(
+            n,
+            f"{d.peak_flops('bf16') / 1e12:.1f}",
+            f"{d.peak_fp32_flops / 1e12:.1f}",
+            f"{d.memory_bytes / 2**30:.0f}",
+            f"{d.memory_bandwidth_Bps / 1e9:.0f}",
+            str(d.sm_count),
+        )
     con.print(t)
     t = Table(title="Clusters (size with --nodes/--gpus)")
     for col in ("name", "device", "per node", "intra GB/s", "NIC GB/s", "topology"):
         t.add_column(col)
     for n, c in clusters.items():
-        t.add_row(n, c.device.name, str(c.devices_per_node), f"{c.intra_link.bandwidth_Bps / 1e9:.0f}",
-                  f"{c.inter_link.bandwidth_Bps / 1e9:.1f}", c.topology.kind.value)
+        t.add_row(
+            n,
+            c.device.name,
+            str(c.devices_per_node),
+            f"{c.intra_link.bandwidth_Bps / 1e9:.0f}",
+            f"{c.inter_link.bandwidth_Bps / 1e9:.1f}",
+            c.topology.kind.value,
+        )
     con.print(t)

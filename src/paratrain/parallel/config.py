@@ -107,7 +107,8 @@ class ParallelConfig:
             )
         if self.virtual_stages > 1 and self.schedule is not ScheduleName.INTERLEAVED:
             raise ConfigError(
-                "virtual_stages", f"{self.virtual_stages} virtual stages need the interleaved schedule",
+                "virtual_stages",
+                f"{self.virtual_stages} virtual stages need the interleaved schedule",
                 "use --schedule interleaved or --virtual-stages 1",
             )
         if self.partition is not None:
@@ -115,11 +116,14 @@ class ParallelConfig:
             object.__setattr__(self, "partition", part)
             if len(part) != self.num_chunks:
                 raise ConfigError(
-                    "partition", f"has {len(part)} entries, the pipeline has {self.num_chunks} model chunks",
+                    "partition",
+                    f"has {len(part)} entries, the pipeline has {self.num_chunks} model chunks",
                     f"give one layer count per chunk (pp × virtual_stages = {self.num_chunks})",
                 )
             if any(x <= 0 for x in part):
-                raise ConfigError("partition", f"{list(part)} has an empty stage", "give every chunk at least one layer")
+                raise ConfigError(
+                    "partition", f"{list(part)} has an empty stage", "give every chunk at least one layer"
+                )
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)  # nothing to split with tp = 1
 
@@ -183,36 +187,47 @@ class ParallelConfig:
         """
         if model.heads % self.tp:
             raise ConfigError(
-                "tp", f"tp({self.tp}) does not divide the {model.heads} attention heads",
+                "tp",
+                f"tp({self.tp}) does not divide the {model.heads} attention heads",
                 f"use a tp among {[d for d in range(1, model.heads + 1) if model.heads % d == 0][:8]}",
             )
         kv = model.num_kv_heads
         if kv % self.tp and self.tp % kv:
             raise ConfigError(
-                "tp", f"tp({self.tp}) and the {kv} key/value heads do not divide one another",
+                "tp",
+                f"tp({self.tp}) and the {kv} key/value heads do not divide one another",
                 "use a tp that divides kv_heads or is a multiple of it",
             )
         if model.ffn_size % self.tp:
-            raise ConfigError("tp", f"tp({self.tp}) does not divide the FFN size {model.ffn_size}", "pick tp dividing ffn")
+            raise ConfigError(
+                "tp", f"tp({self.tp}) does not divide the FFN size {model.ffn_size}", "pick tp dividing ffn"
+            )
         if self.sequence_parallel and model.seq % self.tp:
             raise ConfigError(
-                "sequence_parallel", f"sequence {model.seq} is not divisible by tp({self.tp})", "disable sequence parallelism"
+                "sequence_parallel",
+                f"sequence {model.seq} is not divisible by tp({self.tp})",
+                "disable sequence parallelism",
             )
         if self.partition is not None:
             if sum(self.partition) != model.layers:
                 raise ConfigError(
-                    "partition", f"sums to {sum(self.partition)} layers, the model has {model.layers}",
+                    "partition",
+                    f"sums to {sum(self.partition)} layers, the model has {model.layers}",
                     "make the layer counts add up to the model's layers",
                 )
         elif self.num_chunks > model.layers:
             raise ConfigError(
-                "pp", f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} chunks"
-                f" exceed the {model.layers} layers", "use fewer pipeline stages",
+                "pp",
+                f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} chunks"
+                f" exceed the {model.layers} layers",
+                "use fewer pipeline stages",
             )
         elif even_layers and model.layers % self.num_chunks:
             raise ConfigError(
-                "pp", f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} does not divide the"
-                f" {model.layers} layers", "pick pp dividing the layer count, or give an explicit partition",
+                "pp",
+                f"pp({self.pp}) * virtual_stages({self.virtual_stages}) = {self.num_chunks} does not divide the"
+                f" {model.layers} layers",
+                "pick pp dividing the layer count, or give an explicit partition",
             )
 
     # ----- serialization -----------------------------------------------------------------------
@@ -229,7 +244,11 @@ class ParallelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(doc) - known)
         if unknown:
-            raise ConfigError(f"{field} key {unknown[0]!r}", "is not a parallel-config field", f"use keys among: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{field} key {unknown[0]!r}",
+                "is not a parallel-config field",
+                f"use keys among: {', '.join(sorted(known))}",
+            )
         try:
             return cls(**doc)
         except TypeError as e:

@@ -61,7 +61,9 @@ class Topology:
         require_positive("topology.oversubscription", self.oversubscription)
         if self.oversubscription < 1:
             raise ConfigError(
-                "topology.oversubscription", f"must be at least 1, got {self.oversubscription}", "use 1 for full bisection"
+                "topology.oversubscription",
+                f"must be at least 1, got {self.oversubscription}",
+                "use 1 for full bisection",
             )
         require_positive_int("topology.nodes_per_leaf", self.nodes_per_leaf)
         object.__setattr__(self, "dims", tuple(self.dims))
@@ -72,7 +74,9 @@ class Topology:
             require_positive_int(f"topology.board[{i}]", d)
         want = {TopologyKind.TORUS_2D: 2, TopologyKind.TORUS_3D: 3}.get(self.kind)
         if want is not None and self.dims and len(self.dims) != want:
-            raise ConfigError("topology.dims", f"{self.kind} needs {want} dimensions, got {len(self.dims)}", f"give {want} sizes")
+            raise ConfigError(
+                "topology.dims", f"{self.kind} needs {want} dimensions, got {len(self.dims)}", f"give {want} sizes"
+            )
         if self.kind is TopologyKind.HAMMINGMESH and self.board and len(self.board) != 2:
             raise ConfigError("topology.board", "a HammingMesh board is 2-D", "give board as [a, b]")
 
@@ -103,7 +107,8 @@ class ClusterSpec:
                 n *= d
             if n != self.nodes:
                 raise ConfigError(
-                    "topology.dims", f"torus {'x'.join(map(str, t.dims))} holds {n} nodes, cluster has {self.nodes}",
+                    "topology.dims",
+                    f"torus {'x'.join(map(str, t.dims))} holds {n} nodes, cluster has {self.nodes}",
                     "make the product of dims equal the node count",
                 )
 
@@ -123,11 +128,13 @@ class ClusterSpec:
 
         ``gpus`` smaller than one node gives a single partial node.
         """
-        if nodes is not None and gpus is not None:
-            if gpus != nodes * self.devices_per_node and not (nodes == 1 and gpus < self.devices_per_node):
-                raise ConfigError(
-                    "--gpus", f"{gpus} GPUs do not fill {nodes} nodes of {self.devices_per_node}", "give only one of --nodes/--gpus"
-                )
+        both = nodes is not None and gpus is not None
+        if both and gpus != nodes * self.devices_per_node and not (nodes == 1 and gpus < self.devices_per_node):
+            raise ConfigError(
+                "--gpus",
+                f"{gpus} GPUs do not fill {nodes} nodes of {self.devices_per_node}",
+                "give only one of --nodes/--gpus",
+            )
         if gpus is not None:
             require_positive_int("--gpus", gpus)
             if gpus < self.devices_per_node:
@@ -188,7 +195,9 @@ def from_document(doc: dict[str, Any], field_name: str = "--cluster") -> Cluster
     known = {f.name for f in dataclasses.fields(ClusterSpec)}
     unknown = sorted(set(doc) - known)
     if unknown:
-        raise ConfigError(f"{field_name} key {unknown[0]!r}", "is not a cluster field", f"use keys among: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{field_name} key {unknown[0]!r}", "is not a cluster field", f"use keys among: {', '.join(sorted(known))}"
+        )
     if base is not None:
         return dataclasses.replace(base, **doc)
     try:
@@ -207,7 +216,7 @@ def resolve_cluster(
 ) -> ClusterSpec:
     """A preset (``dgx-a100``, ``dgx-h100``, ``piz-daint``, ``cpu``) or a file, then sizing."""
     from paratrain.spec._files import load_document
-    from paratrain.spec.cluster_presets import cluster_preset, CLUSTER_PRESETS
+    from paratrain.spec.cluster_presets import CLUSTER_PRESETS, cluster_preset
 
     key = name_or_path.lower()
     if key in CLUSTER_PRESETS:
@@ -218,7 +227,9 @@ def resolve_cluster(
             spec = from_document(load_document(p, field_name), field_name)
         else:
             raise ConfigError(
-                field_name, f"unknown cluster preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path"
+                field_name,
+                f"unknown cluster preset {name_or_path!r}",
+                "run `paratrain presets` to list them, or give a file path",
             )
     if device is not None:
         spec = dataclasses.replace(spec, device=resolve_device(device))

@@ -109,7 +109,9 @@ def from_document(doc: dict[str, Any], field: str = "--device") -> DeviceSpec:
     known = {f.name for f in dataclasses.fields(DeviceSpec)}
     unknown = sorted(set(doc) - known)
     if unknown:
-        raise ConfigError(f"{field} key {unknown[0]!r}", "is not a device field", f"use keys among: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{field} key {unknown[0]!r}", "is not a device field", f"use keys among: {', '.join(sorted(known))}"
+        )
     if base is not None:
         return dataclasses.replace(base, **doc)
     try:
@@ -138,4 +140,6 @@ def resolve_device(name_or_path: str, field: str = "--device") -> DeviceSpec:
     p = Path(name_or_path)
     if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
         return from_document(load_document(p, field), field)
-    raise ConfigError(field, f"unknown device preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path")
+    raise ConfigError(
+        field, f"unknown device preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path"
+    )

@@ -259,6 +259,7 @@ def _nearest_divisor(n: int, near: int) -> int:
 
 # ----- loading --------------------------------------------------------------------------------
 
+
 def from_document(doc: dict[str, Any], field: str = "--model") -> ModelSpec:
     """Build a spec from a parsed file: paratrain's own keys, ``{"preset": NAME, ...overrides}``,
     or a HuggingFace ``config.json``."""
@@ -344,7 +345,7 @@ def preset(name: str, field: str = "--model") -> ModelSpec:
     key = name.lower()
     if key not in MODEL_PRESETS:
         raise ConfigError(
-            field, f"unknown model preset {name!r}", f"run `paratrain presets` to list them, or give a file path"
+            field, f"unknown model preset {name!r}", "run `paratrain presets` to list them, or give a file path"
         )
     return ModelSpec(name=key, **MODEL_PRESETS[key])
 

@@ -12,9 +12,7 @@ __all__ = ["MODEL_PRESETS"]
 
 _GPT2_VOCAB = 50257  # GPT-2 BPE; GPT-3 reuses it (Brown et al. 2020, sec. 2.1)
 
-_LLAMA: dict[str, Any] = dict(
-    norm="rmsnorm", activation="swiglu", position="rotary", tied_embeddings=False, bias=False
-)
+_LLAMA: dict[str, Any] = dict(norm="rmsnorm", activation="swiglu", position="rotary", tied_embeddings=False, bias=False)
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # Tiny byte-level GPT for tests and the demo.
@@ -43,19 +41,11 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # Llama 2 (Touvron et al. 2023; HF meta-llama/Llama-2-*-hf config.json).
     "llama2-7b": dict(layers=32, hidden=4096, heads=32, ffn=11008, seq=4096, vocab=32000, **_LLAMA),
     "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn=13824, seq=4096, vocab=32000, **_LLAMA),
-    "llama2-70b": dict(
-        layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq=4096, vocab=32000, **_LLAMA
-    ),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq=4096, vocab=32000, **_LLAMA),
     # Llama 3 (Llama Team 2024, "The Llama 3 Herd of Models", Table 3; HF Meta-Llama-3.1-* configs).
-    "llama3-8b": dict(
-        layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192, vocab=128256, **_LLAMA
-    ),
-    "llama3-70b": dict(
-        layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq=8192, vocab=128256, **_LLAMA
-    ),
-    "llama3-405b": dict(
-        layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, seq=8192, vocab=128256, **_LLAMA
-    ),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192, vocab=128256, **_LLAMA),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq=8192, vocab=128256, **_LLAMA),
+    "llama3-405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, seq=8192, vocab=128256, **_LLAMA),
 }
 
 # Aliases people type.

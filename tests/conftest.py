@@ -1,0 +1,32 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run the paratrain CLI in-process; returns (exit_code, stdout, stderr)."""
+    from paratrain.cli import main
+
+    def _run(*args: str) -> tuple[int, str, str]:
+        code = 0
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return _run
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    """A bad-input failure: exit 2, one line on stderr naming the field, no traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, f"exit code {code}, stderr: {err!r}"
+    assert len(lines) == 1, f"expected one error line, got {lines!r}"
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
