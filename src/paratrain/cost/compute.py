@@ -1,0 +1,419 @@
+"""Operators of a transformer layer: FLOPs, bytes moved and roofline time.
+
+Legend: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` heads, ``d = h/a`` head size,
+``f`` FFN size, ``V`` vocabulary, ``t`` tensor-parallel degree, ``T = b·s`` tokens,
+``E`` bytes per element of the training dtype.
+
+Placement follows Megatron-LM (Shoeybi et al. 2019): QKV and the first MLP GEMM are split by
+columns over ``t`` ranks, the attention output projection and the second MLP GEMM by rows;
+attention runs on ``a/t`` heads per rank; norms, dropout and residual adds work on the full
+``T×h`` activation, or on ``T/t × h`` with sequence parallelism (Korthikanti et al. 2022).
+Key/value heads (GQA) are split over ranks while ``t`` ≤ kv heads and replicated beyond.
+
+Matmul FLOPs count ``2·m·n·k`` per GEMM and the full ``s×s`` score matrix also for causal
+models (no causal savings), as Narayanan et al. 2021 (eq. 3) and the MFU convention do.
+Backward of a GEMM is two GEMMs of the same FLOPs (input gradient, weight gradient).
+
+MFU closed form (Narayanan et al. 2021, appendix): per layer and sample the forward matmuls are
+QKV ``6sh²``, scores ``2s²h``, attention·V ``2s²h``, projection ``2sh²``, MLP ``16sh²`` =
+``24sh²(1 + s/(6h))``; the logit layer adds ``2shV``. Forward + backward is 3× forward:
+``72·B·s·l·h²·(1 + s/(6h)) + 6·B·s·h·V = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``. Full
+recomputation repeats every layer's forward (4× forward) but not the logit layer:
+``96·B·s·l·h²·(1 + s/(6h)) + 6·B·s·h·V = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``. For GPT shapes
+(MHA, ``f = 4h``) :func:`matmul_flops_per_iteration` equals these sums term by term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from paratrain.cost.gemm import gemm_efficiency
+from paratrain.errors import ConfigError, require_positive_int
+from paratrain.parallel.config import Recompute
+from paratrain.spec.device import DeviceSpec
+from paratrain.spec.model import _DTYPE_BYTES, Activation, Arch, ModelSpec, Norm, Position
+
+__all__ = [
+    "Op",
+    "layer_ops",
+    "embedding_ops",
+    "head_ops",
+    "op_time",
+    "op_time_split",
+    "op_bound",
+    "matmul_flops_per_iteration",
+    "model_flops_per_iteration",
+    "elementwise_flops_per_iteration",
+    "uses_dropout",
+    "kv_dim_per_rank",
+    "dtype_bytes",
+]
+
+# Element-wise FLOPs per element, counted operation by operation:
+_LN_FLOPS = 7  # mean 1, centre 1, variance 2 (square, accumulate), normalise 1, scale 1, shift 1
+_RMS_FLOPS = 4  # square 1, accumulate 1, normalise 1, scale 1
+_SOFTMAX_FLOPS = 5  # max 1, subtract 1, exp 1, sum 1, divide 1
+_SCALE_MASK_FLOPS = 2  # scale by 1/sqrt(d) 1, add causal/padding mask 1
+_DROPOUT_FLOPS = 2  # compare against a random number 1, scale by 1/(1-p) 1
+_GELU_FLOPS = 8  # tanh approximation: x³, 2 multiply-adds, tanh, 1+, ×x, ×0.5
+_SWIGLU_FLOPS = 5  # sigmoid (exp, add, divide) 3, ×gate 1, ×up 1
+_LOSS_FLOPS = 5  # max, subtract, exp, sum, pick target
+_MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al. 2022, sec. 4.1)
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in _DTYPE_BYTES:
+        raise ConfigError("dtype", f"unknown dtype {dtype!r}", f"use one of: {', '.join(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator for one micro-batch on one tensor-parallel rank.
+
+    ``gemm`` is the forward GEMM shape ``(m, n, k)`` (``C[m×n] = A[m×k]·B[k×n]``), repeated
+    ``batch`` times (attention: micro-batch × heads). ``has_weight``: B is a parameter, so half of
+    the backward is a weight gradient (deferrable). ``recompute_selective``: recomputed under
+    selective recomputation (the attention core).
+    """
+
+    name: str
+    kind: str  # gemm | elementwise | norm | softmax | dropout | embedding | loss
+    fwd_flops: float
+    bwd_flops: float
+    fwd_bytes: float
+    bwd_bytes: float
+    gemm: tuple[int, int, int] | None = None
+    batch: int = 1
+    is_matmul: bool = False
+    has_weight: bool = False
+    recompute_selective: bool = False
+    bwd_weight_flops: float = 0.0
+    bwd_weight_bytes: float = 0.0
+
+
+def _gemm_op(name: str, m: int, n: int, k: int, e: int, *, batch: int = 1, weight: bool, selective: bool = False) -> Op:
+    flops = 2.0 * batch * m * n * k
+    moved = float(batch * (m * k + k * n + m * n) * e)
+    return Op(
+        name=name, kind="gemm", fwd_flops=flops, bwd_flops=2 * flops, fwd_bytes=moved, bwd_bytes=2 * moved,
+        gemm=(m, n, k), batch=batch, is_matmul=True, has_weight=weight, recompute_selective=selective,
+        bwd_weight_flops=flops if weight else 0.0, bwd_weight_bytes=moved if weight else 0.0,
+    )
+
+
+def _ew_op(
+    name: str, kind: str, n: int, e: int, *, reads: float, writes: float, flops: float,
+    bwd_reads: float, bwd_writes: float, extra_fwd: float = 0.0, extra_bwd: float = 0.0, selective: bool = False,
+) -> Op:
+    """An element-wise op over ``n`` elements reading/writing whole tensors of ``n`` elements.
+
+    ``extra_*`` are additional bytes (dropout masks, fp32 buffers). Backward FLOPs are taken as
+    twice the forward's (the derivative costs about as much as the function, plus the chain product).
+    """
+    return Op(
+        name=name, kind=kind, fwd_flops=float(flops * n), bwd_flops=float(2 * flops * n),
+        fwd_bytes=float((reads + writes) * n * e + extra_fwd),
+        bwd_bytes=float((bwd_reads + bwd_writes) * n * e + extra_bwd),
+        recompute_selective=selective,
+    )
+
+
+def uses_dropout(model: ModelSpec) -> bool:
+    """GPT-2/3 and BERT train with dropout; the Llama family (rotary positions) does not."""
+    return model.position is Position.LEARNED
+
+
+def kv_dim_per_rank(model: ModelSpec, tp: int) -> int:
+    """Width of one rank's K (and V) projection: kv heads are split, or replicated when tp > kv."""
+    return max(1, model.num_kv_heads // tp) * model.head_dim
+
+
+def _check(model: ModelSpec, tp: int, sequence_parallel: bool, microbatch: int) -> None:
+    require_positive_int("tp", tp)
+    require_positive_int("microbatch", microbatch)
+    if model.heads % tp:
+        raise ConfigError("tp", f"tp({tp}) does not divide the {model.heads} attention heads", "pick tp dividing heads")
+    if model.ffn_size % tp:
+        raise ConfigError("tp", f"tp({tp}) does not divide the FFN size {model.ffn_size}", "pick tp dividing ffn")
+    if sequence_parallel and model.seq % tp:
+        raise ConfigError("sequence_parallel", f"sequence {model.seq} not divisible by tp({tp})", "disable it")
+
+
+def _norm_op(name: str, model: ModelSpec, n: int, e: int) -> Op:
+    flops = _RMS_FLOPS if model.norm is Norm.RMSNORM else _LN_FLOPS
+    # forward reads x, writes y; backward reads dy and x, writes dx (statistics are tiny).
+    return _ew_op(name, "norm", n, e, reads=1, writes=1, flops=flops, bwd_reads=2, bwd_writes=1)
+
+
+def _residual_op(name: str, model: ModelSpec, n: int, e: int, fused: bool) -> Op:
+    """Bias add, dropout and residual add after a row-parallel GEMM."""
+    drop = uses_dropout(model)
+    bias = model.bias
+    flops = (1 if bias else 0) + (_DROPOUT_FLOPS if drop else 0) + 1
+    mask = n * _MASK_BYTES if drop else 0
+    if fused:
+        # One kernel: read x and the residual, write the sum (and the mask).
+        reads, writes = 2.0, 1.0
+        bwd_reads, bwd_writes = (1.0 if drop else 0.0) + (1.0 if bias else 0.0), 1.0 if drop else 0.0
+    else:
+        # Separate kernels: bias (r1 w1), dropout (r1 w1), add (r2 w1).
+        reads = 2.0 + (1 if bias else 0) + (1 if drop else 0)
+        writes = 1.0 + (1 if bias else 0) + (1 if drop else 0)
+        bwd_reads, bwd_writes = (1.0 if drop else 0.0) + (1.0 if bias else 0.0), 1.0 if drop else 0.0
+    return _ew_op(
+        name, "elementwise", n, e, reads=reads, writes=writes, flops=flops, bwd_reads=bwd_reads,
+        bwd_writes=bwd_writes, extra_fwd=mask, extra_bwd=mask,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _layer_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> tuple[Op, ...]:
+    """Operators of one transformer layer on one tensor-parallel rank, in execution order.
+
+    ``dtype`` defaults to the model's. Cached: callers get a tuple they must not rely on mutating.
+    """
+    _check(model, tp, sequence_parallel, microbatch)
+    e = dtype_bytes(dtype or model.dtype)
+    b, s, h, t = microbatch, model.seq, model.hidden, tp
+    tokens = b * s
+    tokens_sp = tokens // t if sequence_parallel else tokens  # rows of norms/dropout/residual
+    heads_r = model.heads // t
+    d = model.head_dim
+    q_r, kv_r, f_r = h // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    drop = uses_dropout(model)
+    scores = b * heads_r * s * s
+
+    ops: list[Op] = [_norm_op("ln_1", model, tokens_sp * h, e)]
+    ops.append(_gemm_op("qkv", tokens, q_r + 2 * kv_r, h, e, weight=True))
+    ops.append(_gemm_op("attn_scores", s, s, d, e, batch=b * heads_r, weight=False, selective=True))
+    if fused:
+        ops.append(_ew_op("scale_mask_softmax", "softmax", scores, e, reads=1, writes=1,
+                          flops=_SCALE_MASK_FLOPS + _SOFTMAX_FLOPS, bwd_reads=2, bwd_writes=1, selective=True))
+    else:
+        ops.append(_ew_op("scale_mask", "elementwise", scores, e, reads=1, writes=1, flops=_SCALE_MASK_FLOPS,
+                          bwd_reads=1, bwd_writes=1, selective=True))
+        ops.append(_ew_op("softmax", "softmax", scores, e, reads=1, writes=1, flops=_SOFTMAX_FLOPS,
+                          bwd_reads=2, bwd_writes=1, selective=True))
+    if drop:
+        ops.append(_ew_op("attn_dropout", "dropout", scores, e, reads=1, writes=1, flops=_DROPOUT_FLOPS,
+                          bwd_reads=1, bwd_writes=1, extra_fwd=scores * _MASK_BYTES,
+                          extra_bwd=scores * _MASK_BYTES, selective=True))
+    ops.append(_gemm_op("attn_v", s, d, s, e, batch=b * heads_r, weight=False, selective=True))
+    ops.append(_gemm_op("attn_proj", tokens, h, q_r, e, weight=True))
+    ops.append(_residual_op("attn_residual", model, tokens_sp * h, e, fused))
+    ops.append(_norm_op("ln_2", model, tokens_sp * h, e))
+    gated = model.activation is Activation.SWIGLU
+    ops.append(_gemm_op("fc1", tokens, (2 if gated else 1) * f_r, h, e, weight=True))
+    act_n = tokens * f_r
+    if gated:
+        # silu(gate)·up: read both halves, write the product; backward reads dy, gate, up, writes both grads.
+        ops.append(_ew_op("swiglu", "elementwise", act_n, e, reads=2, writes=1, flops=_SWIGLU_FLOPS,
+                          bwd_reads=3, bwd_writes=2))
+    elif fused or not model.bias:
+        ops.append(_ew_op("bias_gelu" if model.bias else "gelu", "elementwise", act_n, e, reads=1, writes=1,
+                          flops=_GELU_FLOPS + (1 if model.bias else 0), bwd_reads=2, bwd_writes=1))
+    else:
+        ops.append(_ew_op("fc1_bias", "elementwise", act_n, e, reads=1, writes=1, flops=1, bwd_reads=1, bwd_writes=0))
+        ops.append(_ew_op("gelu", "elementwise", act_n, e, reads=1, writes=1, flops=_GELU_FLOPS,
+                          bwd_reads=2, bwd_writes=1))
+    ops.append(_gemm_op("fc2", tokens, h, f_r, e, weight=True))
+    ops.append(_residual_op("mlp_residual", model, tokens_sp * h, e, fused))
+    return tuple(ops)
+
+
+@lru_cache(maxsize=1024)
+def _embedding_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> tuple[Op, ...]:
+    """Token (vocab-parallel over ``tp``) and position embeddings, BERT's token types and norm, dropout."""
+    _check(model, tp, sequence_parallel, microbatch)
+    e = dtype_bytes(dtype or model.dtype)
+    h, t = model.hidden, tp
+    tokens = microbatch * model.seq
+    tokens_sp = tokens // t if sequence_parallel else tokens
+    vocab_r = -(-model.vocab // t)
+    # Gather T rows (each rank masks the ids outside its vocabulary shard). Backward accumulates
+    # into a dense V/t × h gradient (Megatron-LM zeroes and scatter-adds it): a weight gradient.
+    gather = Op(
+        name="token_embedding", kind="embedding", fwd_flops=0.0, bwd_flops=float(tokens * h),
+        fwd_bytes=float(2 * tokens * h * e), bwd_bytes=float((tokens * h + 2 * vocab_r * h) * e),
+        bwd_weight_flops=float(tokens * h), bwd_weight_bytes=float((tokens * h + 2 * vocab_r * h) * e),
+    )
+    ops = [gather]
+    extra_adds = (1 if model.position is Position.LEARNED else 0) + (1 if model.arch is Arch.BERT else 0)
+    if extra_adds:
+        ops.append(_ew_op("position_add", "elementwise", tokens_sp * h, e, reads=1 + extra_adds, writes=1,
+                          flops=extra_adds, bwd_reads=1, bwd_writes=extra_adds))
+    if model.arch is Arch.BERT:
+        ops.append(_norm_op("embedding_norm", model, tokens_sp * h, e))
+    if uses_dropout(model):
+        ops.append(_ew_op("embedding_dropout", "dropout", tokens_sp * h, e, reads=1, writes=1,
+                          flops=_DROPOUT_FLOPS, bwd_reads=1, bwd_writes=1, extra_fwd=tokens_sp * h * _MASK_BYTES,
+                          extra_bwd=tokens_sp * h * _MASK_BYTES))
+    return tuple(ops)
+
+
+@lru_cache(maxsize=1024)
+def _head_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> tuple[Op, ...]:
+    """After the last layer: final norm + LM head (GPT) or the MLM head (BERT), then the loss.
+
+    The output projection is vocab-parallel (``V/t`` columns per rank) and the cross entropy is
+    computed on the sharded logits in fp32 (Megatron-LM's vocab-parallel cross entropy).
+    """
+    _check(model, tp, sequence_parallel, microbatch)
+    e = dtype_bytes(dtype or model.dtype)
+    h, t = model.hidden, tp
+    tokens = microbatch * model.seq
+    tokens_sp = tokens // t if sequence_parallel else tokens
+    vocab_r = -(-model.vocab // t)
+    ops: list[Op] = []
+    if model.arch is Arch.BERT:
+        # MLM transform: dense h×h (replicated), GELU, LayerNorm (Devlin et al. 2019; HF BertLMPredictionHead).
+        ops.append(_gemm_op("mlm_dense", tokens, h, h, e, weight=True))
+        ops.append(_ew_op("mlm_gelu", "elementwise", tokens * h, e, reads=1, writes=1, flops=_GELU_FLOPS,
+                          bwd_reads=2, bwd_writes=1))
+        ops.append(_norm_op("mlm_norm", model, tokens * h, e))
+    else:
+        ops.append(_norm_op("ln_f", model, tokens_sp * h, e))
+    ops.append(_gemm_op("lm_head", tokens, vocab_r, h, e, weight=True))
+    logits = tokens * vocab_r
+    # fp32 softmax cross entropy: read logits, write fp32 exp-logits, read them again for the sum;
+    # backward reads the fp32 probabilities and writes the logit gradient.
+    ops.append(Op(
+        name="cross_entropy", kind="loss", fwd_flops=float(_LOSS_FLOPS * logits), bwd_flops=float(2 * logits),
+        fwd_bytes=float(logits * (e + 8)), bwd_bytes=float(logits * (4 + e)),
+    ))
+    return tuple(ops)
+
+
+def layer_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> list[Op]:
+    """Operators of one transformer layer on one tensor-parallel rank for one micro-batch, in order.
+
+    ``fused`` models Megatron-LM's fused kernels (scale-mask-softmax, bias-GeLU, bias-dropout-add):
+    same FLOPs, fewer bytes. ``dtype`` defaults to the model's.
+    """
+    return list(_layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
+                           fused=fused, dtype=dtype))
+
+
+def embedding_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> list[Op]:
+    """Operators of the embedding (first model chunk) on one tensor-parallel rank."""
+    return list(_embedding_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
+                               fused=fused, dtype=dtype))
+
+
+def head_ops(
+    model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
+    dtype: str | None = None,
+) -> list[Op]:
+    """Operators after the last layer (final norm, LM or MLM head, loss) on one tensor-parallel rank."""
+    return list(_head_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
+                          fused=fused, dtype=dtype))
+
+
+# ----- time --------------------------------------------------------------------------------------
+
+def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: DeviceSpec) -> float:
+    compute = flops / (peak * eff) if flops else 0.0
+    memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    return max(compute, memory) + device.kernel_overhead_s
+
+
+def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float, float]:
+    """``(forward, backward input-gradient, backward weight-gradient)`` time of ``op`` in seconds."""
+    if op.gemm is not None:
+        m, n, k = op.gemm
+        peak = device.peak_flops(dtype)
+        fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, n, k, device, op.batch), device)
+        # dA = dC·Bᵀ is an (m, k, n) GEMM; dB = Aᵀ·dC is a (k, n, m) GEMM; each moves the forward's bytes.
+        d_a = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, k, n, device, op.batch), device)
+        d_b = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(k, n, m, device, op.batch), device)
+        return (fwd, d_a, d_b) if op.has_weight else (fwd, d_a + d_b, 0.0)
+    # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway.
+    peak = device.peak_fp32_flops
+    eff = device.memory_efficiency
+    fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device)
+    bwd_in_flops = op.bwd_flops - op.bwd_weight_flops
+    bwd_in_bytes = op.bwd_bytes - op.bwd_weight_bytes
+    bwd_in = _roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device) if (bwd_in_flops or bwd_in_bytes) else 0.0
+    bwd_w = _roofline(op.bwd_weight_flops, op.bwd_weight_bytes, peak, eff, device) if op.bwd_weight_bytes else 0.0
+    return fwd, bwd_in, bwd_w
+
+
+def op_time(op: Op, device: DeviceSpec, dtype: str, *, backward: bool = False) -> float:
+    """Roofline time of ``op``: max(FLOPs / (peak·efficiency), bytes / (bandwidth·memory efficiency))
+    plus ``device.kernel_overhead_s`` per kernel. ``backward`` gives the whole backward."""
+    fwd, bwd_in, bwd_w = op_time_split(op, device, dtype)
+    return bwd_in + bwd_w if backward else fwd
+
+
+def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
+    """``"compute"`` or ``"memory"``: which roofline term limits the forward of ``op``."""
+    if op.gemm is not None:
+        m, n, k = op.gemm
+        compute = op.fwd_flops / (device.peak_flops(dtype) * gemm_efficiency(m, n, k, device, op.batch))
+    else:
+        compute = op.fwd_flops / (device.peak_fp32_flops * device.memory_efficiency)
+    memory = op.fwd_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    return "compute" if compute >= memory else "memory"
+
+
+# ----- FLOPs per iteration (the one MFU function) ---------------------------------------------
+
+@lru_cache(maxsize=1024)
+def _flops_per_sample(model: ModelSpec) -> tuple[float, float, float, float, float]:
+    """Per sample, tp = 1: (layer matmul fwd, layer matmul fwd+bwd, selective-recompute matmul fwd,
+    head+embedding matmul fwd+bwd, element-wise fwd+bwd of the whole model)."""
+    layer = _layer_ops(model, tp=1, microbatch=1)
+    ends = _embedding_ops(model, tp=1, microbatch=1) + _head_ops(model, tp=1, microbatch=1)
+    layer_fwd = sum(o.fwd_flops for o in layer if o.is_matmul)
+    layer_all = sum(o.fwd_flops + o.bwd_flops for o in layer if o.is_matmul)
+    selective = sum(o.fwd_flops for o in layer if o.is_matmul and o.recompute_selective)
+    ends_all = sum(o.fwd_flops + o.bwd_flops for o in ends if o.is_matmul)
+    ew = model.layers * sum(o.fwd_flops + o.bwd_flops for o in layer if not o.is_matmul)
+    ew += sum(o.fwd_flops + o.bwd_flops for o in ends if not o.is_matmul)
+    return layer_fwd, layer_all, selective, ends_all, ew
+
+
+def matmul_flops_per_iteration(
+    model: ModelSpec, global_batch: int, recompute: Recompute | str = Recompute.NONE
+) -> float:
+    """Matrix-multiply FLOPs of one training iteration (forward + backward) over ``global_batch``
+    samples, plus the recomputed forward matmuls: every layer's under ``full``, the attention
+    core's (scores and attention·V) under ``selective``. The logit layer is never recomputed.
+
+    With ``recompute="none"`` this is :func:`model_flops_per_iteration`, the numerator of MFU;
+    with recomputation it is the numerator of HFU.
+    """
+    require_positive_int("global_batch", global_batch)
+    rc = Recompute(str(recompute))
+    layer_fwd, layer_all, selective, ends_all, _ = _flops_per_sample(model)
+    extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: selective, Recompute.FULL: layer_fwd}[rc]
+    return global_batch * (model.layers * (layer_all + extra) + ends_all)
+
+
+def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
+    """Useful matmul FLOPs per iteration (no recomputation): the MFU numerator."""
+    return matmul_flops_per_iteration(model, global_batch, Recompute.NONE)
+
+
+def elementwise_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
+    """Norm, softmax, activation, dropout, residual and loss FLOPs (forward + backward), reported
+    apart from the matmul FLOPs and not part of MFU."""
+    require_positive_int("global_batch", global_batch)
+    return global_batch * _flops_per_sample(model)[4]

@@ -1,0 +1,156 @@
+"""Memory: parameters, gradients, optimizer state and activations per transformer layer.
+
+Static memory follows mixed-precision Adam (Micikevicius et al. 2018; Rajbhandari et al. 2020,
+"ZeRO", sec. 3.1): 16-bit weights (2 B/param) and gradients (2 B), plus an fp32 master copy and
+two fp32 moments (12 B) — 16 B per parameter. Training in fp32 keeps no master copy (4 + 4 + 8).
+ZeRO stage 1 shards the optimizer state over the data-parallel ranks.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", sec. 4: per layer, ``s·b·h·(34 + 5·a·s/h)`` bytes with 16-bit activations and
+1-byte dropout masks. :func:`activation_terms` lists every stored tensor, generalized to GQA
+(K and V of width ``kv``), any FFN size, gated MLPs, models without dropout and any dtype; with
+``kv = h``, ``f = 4h``, 2-byte activations and dropout it reduces exactly to the paper's formulas:
+
+- no parallelism: ``sbh(34 + 5as/h)``;
+- tensor parallel ``t``: ``sbh(10 + 24/t + 5as/(ht))``;
+- tensor + sequence parallel: ``sbh/t·(34 + 5as/h)``;
+- selective recomputation (attention core) with TP + SP: ``sbh·34/t``;
+- full recomputation: the layer input only, ``2sbh`` (``2sbh/t`` when SP shards it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from paratrain.cost.compute import _check, dtype_bytes, kv_dim_per_rank, uses_dropout
+from paratrain.errors import require_positive_int
+from paratrain.parallel.config import Recompute
+from paratrain.spec.model import Activation, ModelSpec
+
+__all__ = [
+    "StaticMemory",
+    "static_memory",
+    "weight_bytes",
+    "grad_bytes",
+    "optimizer_bytes",
+    "activation_terms",
+    "activation_bytes_per_layer",
+]
+
+_FP32 = 4
+_ADAM_MOMENTS = 2
+
+
+def weight_bytes(params: int, dtype: str) -> int:
+    """Bytes of the working weights (in the training dtype)."""
+    return params * dtype_bytes(dtype)
+
+
+def grad_bytes(params: int, dtype: str) -> int:
+    """Bytes of the gradients, kept in the training dtype."""
+    return params * dtype_bytes(dtype)
+
+
+def optimizer_bytes(params: int, dtype: str, *, dp: int = 1, sharded: bool = False) -> int:
+    """Adam state: two fp32 moments, plus an fp32 master copy when training below fp32.
+
+    ``sharded`` (ZeRO-1) splits it evenly over ``dp`` ranks (rounded up: the last shard is padded).
+    """
+    require_positive_int("dp", dp)
+    per_param = _ADAM_MOMENTS * _FP32 + (_FP32 if dtype_bytes(dtype) < _FP32 else 0)
+    total = params * per_param
+    return -(-total // dp) if sharded else total
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Memory that does not depend on in-flight micro-batches, in bytes."""
+
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def static_memory(params: int, dtype: str, *, dp: int = 1, optimizer_sharding: bool = False) -> StaticMemory:
+    """Weights, gradients and optimizer state of ``params`` parameters on one rank."""
+    return StaticMemory(
+        weight_bytes=weight_bytes(params, dtype),
+        grad_bytes=grad_bytes(params, dtype),
+        optimizer_bytes=optimizer_bytes(params, dtype, dp=dp, sharded=optimizer_sharding),
+    )
+
+
+@lru_cache(maxsize=4096)
+def activation_terms(
+    model: ModelSpec, *, microbatch: int = 1, tp: int = 1, sequence_parallel: bool = False, dtype: str | None = None,
+) -> tuple[tuple[str, int, bool], ...]:
+    """Every tensor one layer stores for its backward, on one tensor-parallel rank.
+
+    Returns ``(name, bytes, attention_core)`` triples; ``attention_core`` tensors are the ones
+    selective recomputation drops (Korthikanti et al. 2022, sec. 5). Tensors outside the
+    tensor-parallel regions (layer norm inputs, the inputs of QKV and of the first MLP GEMM,
+    dropout masks after the row-parallel GEMMs) are replicated over ``t`` ranks unless sequence
+    parallelism shards them along the sequence.
+    """
+    _check(model, tp, sequence_parallel, microbatch)
+    e = dtype_bytes(dtype or model.dtype)
+    s, b, h, t = model.seq, microbatch, model.hidden, tp
+    sb = s * b
+    rep = sb // t if sequence_parallel else sb  # tokens of a replicated (or sequence-sharded) tensor
+    heads_r, kv_r, f_r = model.heads // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    drop = uses_dropout(model)
+    mask = 1  # byte per dropout-mask element
+    scores = heads_r * s * s * b
+    terms: list[tuple[str, int, bool]] = [
+        ("ln_1 input", e * rep * h, False),
+        ("qkv input", e * rep * h, False),
+        ("Q", e * sb * (h // t), False),
+        ("K", e * sb * kv_r, False),
+        ("softmax output", e * scores, True),
+    ]
+    if drop:
+        terms += [("attention dropout mask", mask * scores, True), ("attention dropout output", e * scores, True)]
+    terms += [
+        ("V", e * sb * kv_r, False),
+        ("projection input", e * sb * (h // t), False),
+    ]
+    if drop:
+        terms.append(("attention residual dropout mask", mask * rep * h, False))
+    terms += [("ln_2 input", e * rep * h, False), ("fc1 input", e * rep * h, False)]
+    if model.activation is Activation.SWIGLU:
+        terms += [("gate and up (activation input)", e * sb * 2 * f_r, False), ("fc2 input", e * sb * f_r, False)]
+    else:
+        terms += [("activation input", e * sb * f_r, False), ("fc2 input", e * sb * f_r, False)]
+    if drop:
+        terms.append(("MLP residual dropout mask", mask * rep * h, False))
+    return tuple(terms)
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    *,
+    microbatch: int = 1,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recompute | str = Recompute.NONE,
+    dtype: str | None = None,
+) -> int:
+    """Bytes one layer holds per in-flight micro-batch between its forward and its backward.
+
+    ``full`` keeps only the layer input (``2sbh``; ``/t`` under sequence parallelism); the
+    recomputed activations exist only while that one layer runs its backward.
+    """
+    rc = Recompute(str(recompute))
+    if rc is Recompute.FULL:
+        _check(model, tp, sequence_parallel, microbatch)
+        rows = model.seq * microbatch // (tp if sequence_parallel else 1)
+        return dtype_bytes(dtype or model.dtype) * rows * model.hidden
+    terms = activation_terms(model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype)
+    if rc is Recompute.SELECTIVE:
+        return sum(n for _, n, core in terms if not core)
+    return sum(n for _, n, _ in terms)

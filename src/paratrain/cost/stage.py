@@ -1,0 +1,290 @@
+"""Cost of each model chunk of a pipeline for one micro-batch on one tensor-parallel rank.
+
+This is what the simulator and the planner consume. All layers of a model are identical, so the
+per-layer cost is computed once per (model, device, placement) and cached; :func:`chunk_costs`
+then only multiplies and adds, O(chunks) per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from paratrain.cost.collectives import collective_time
+from paratrain.cost.compute import (
+    Op,
+    _embedding_ops,
+    _head_ops,
+    _layer_ops,
+    dtype_bytes,
+    kv_dim_per_rank,
+    op_time_split,
+    uses_dropout,
+)
+from paratrain.cost.memory import activation_bytes_per_layer, optimizer_bytes
+from paratrain.cost.types import ChunkCost
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import ParallelConfig, Recompute
+from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.device import DeviceSpec
+from paratrain.spec.model import Activation, Arch, ModelSpec
+
+__all__ = ["chunk_costs", "PartCost", "layer_cost", "layer_params_per_rank", "tp_ranks"]
+
+
+@dataclass(frozen=True)
+class PartCost:
+    """Compute cost of one piece (a layer, the embedding or the head) for one micro-batch."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    selective_recompute_s: float  # forward time of the attention core (what selective recomputes)
+    matmul_flops: float  # forward + backward
+    activation_bytes: int
+
+
+def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: int) -> PartCost:
+    fwd = bwd_in = bwd_w = sel = flops = 0.0
+    for op in ops:
+        f, bi, bw = op_time_split(op, device, dtype)
+        fwd += f
+        bwd_in += bi
+        bwd_w += bw
+        if op.recompute_selective:
+            sel += f
+        if op.is_matmul:
+            flops += op.fwd_flops + op.bwd_flops
+    return PartCost(fwd, bwd_in, bwd_w, sel, flops, activation)
+
+
+@lru_cache(maxsize=4096)
+def layer_cost(
+    model: ModelSpec, device: DeviceSpec, dtype: str, tp: int, sequence_parallel: bool, microbatch: int,
+    recompute: Recompute, fused: bool = False,
+) -> PartCost:
+    """One transformer layer on one tensor-parallel rank (compute only, no collectives)."""
+    ops = _layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype)
+    act = activation_bytes_per_layer(
+        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype
+    )
+    return _sum_ops(ops, device, dtype, act)
+
+
+@lru_cache(maxsize=1024)
+def _end_cost(
+    which: str, model: ModelSpec, device: DeviceSpec, dtype: str, tp: int, sequence_parallel: bool, microbatch: int,
+    fused: bool = False,
+) -> PartCost:
+    """The embedding or the head. Stored activations (Korthikanti et al. 2022, sec. 4.3): the
+    embedding keeps its dropout mask; the head keeps the inputs of its norm(s) and GEMMs and the
+    fp32 softmax of the vocab-parallel cross entropy."""
+    e = dtype_bytes(dtype)
+    tokens = microbatch * model.seq
+    rows = tokens // tp if sequence_parallel else tokens
+    h = model.hidden
+    if which == "embedding":
+        ops = _embedding_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused,
+                             dtype=dtype)
+        act = rows * h if uses_dropout(model) else 0
+        return _sum_ops(ops, device, dtype, act)
+    ops = _head_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype)
+    vocab_r = -(-model.vocab // tp)
+    if model.arch is Arch.BERT:
+        act = 4 * e * tokens * h + 4 * tokens * vocab_r
+    else:
+        act = 2 * e * rows * h + 4 * tokens * vocab_r
+    return _sum_ops(ops, device, dtype, act)
+
+
+@lru_cache(maxsize=1024)
+def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
+    """Parameters of one layer held by one tensor-parallel rank: column-parallel weights and biases
+    (QKV, first MLP GEMM) and row-parallel weights (projection, second MLP GEMM) are split over
+    ``tp``; row-parallel biases and the norms are replicated. Equals ``params_per_layer`` at tp=1."""
+    h, t = model.hidden, tp
+    q_r, kv_r, f_r = h // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    gates = 2 if model.activation is Activation.SWIGLU else 1
+    n = h * (q_r + 2 * kv_r) + q_r * h  # QKV, projection
+    n += gates * h * f_r + f_r * h  # MLP
+    if model.bias:
+        n += (q_r + 2 * kv_r) + h + gates * f_r + h
+    return n + 2 * model.norm_params()
+
+
+def _embedding_params_per_rank(model: ModelSpec, tp: int) -> int:
+    """Vocab-parallel word embedding; positions, token types and BERT's norm are replicated."""
+    vocab_r = -(-model.vocab // tp)
+    return model.embedding_params() - model.vocab * model.hidden + vocab_r * model.hidden
+
+
+def _head_params_per_rank(model: ModelSpec, tp: int, *, shares_embedding_chunk: bool) -> int:
+    """Final norm / MLM head, and the output matrix: its own when untied; when tied and the head
+    sits on another chunk than the embedding, a copy of the word embedding (Megatron-LM keeps one
+    on the last stage and all-reduces the two copies' gradients)."""
+    vocab_r = -(-model.vocab // tp)
+    n = model.head_params()
+    if not model.tied_embeddings:
+        n += vocab_r * model.hidden - model.vocab * model.hidden
+    elif not shares_embedding_chunk:
+        n += vocab_r * model.hidden
+    return n
+
+
+def tp_ranks(config: ParallelConfig) -> tuple[int, ...]:
+    """Global ranks of the first tensor-parallel group (``config.group_ranks("tp")[0]``): the
+    other coordinates are 0, so the ranks are ``tp`` multiples of the tp axis' mesh stride."""
+    stride = 1
+    for axis in reversed(config.mesh_order):
+        if axis == "tp":
+            break
+        stride *= config.axis_size(axis)
+    return tuple(range(0, config.tp * stride, stride))
+
+
+@lru_cache(maxsize=4096)
+def _tp_comm(
+    model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
+    dtype: str,
+) -> tuple[float, float, float, float, float, float]:
+    """Tensor-parallel collective time per micro-batch: (layer forward, layer backward, embedding
+    forward, embedding backward, head forward, head backward).
+
+    Megatron-LM (Shoeybi et al. 2019, fig. 3): each layer all-reduces its ``T×h`` output twice in the
+    forward (after the projection and after the second MLP GEMM) and its input gradient twice in
+    the backward. With sequence parallelism each all-reduce becomes an all-gather + reduce-scatter
+    pair of the same buffer (Korthikanti et al. 2022, sec. 4.2.2); the backward's re-gather of the
+    inputs for the weight gradients overlaps with the input-gradient GEMMs and is not counted.
+    The vocab-parallel embedding all-reduces its output; the head's input gradient is all-reduced
+    in the backward (all-gather forward / reduce-scatter backward with SP); the vocab-parallel
+    cross entropy all-reduces three fp32 values per token (max, sum of exps, target logit).
+    """
+    if len(ranks) == 1:
+        return (0.0,) * 6
+    full = microbatch * model.seq * model.hidden * dtype_bytes(dtype)
+    if sequence_parallel:
+        pair = (collective_time("all_gather", full, ranks, cluster).time_s
+                + collective_time("reduce_scatter", full, ranks, cluster).time_s)
+        layer_f = layer_b = pair
+        emb_f = collective_time("reduce_scatter", full, ranks, cluster).time_s
+        emb_b = collective_time("all_gather", full, ranks, cluster).time_s
+        head_f = collective_time("all_gather", full, ranks, cluster).time_s
+        head_b = collective_time("reduce_scatter", full, ranks, cluster).time_s
+    else:
+        ar = collective_time("all_reduce", full, ranks, cluster).time_s
+        layer_f = layer_b = 2 * ar
+        emb_f, emb_b, head_f, head_b = ar, 0.0, 0.0, ar
+    loss = 3 * collective_time("all_reduce", 4 * microbatch * model.seq, ranks, cluster).time_s
+    return layer_f, layer_b, emb_f, emb_b, head_f + loss, head_b
+
+
+@dataclass(frozen=True)
+class _Bundle:
+    """Everything :func:`chunk_costs` needs that does not depend on the chunk's layer count."""
+
+    layer: PartCost
+    embedding: PartCost
+    head: PartCost
+    comm: tuple[float, float, float, float, float, float]
+    recompute_layer_s: float
+    recompute_comm_s: float
+    layer_params: int
+    embedding_params: int
+    head_params_shared: int  # head parameters when the head shares its chunk with the embedding
+    head_params_apart: int
+    p2p_bytes: int
+    dtype_bytes: int
+    optimizer_bytes_per_param: int
+
+
+@lru_cache(maxsize=16384)
+def _bundle(
+    model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
+    ranks: tuple[int, ...],
+) -> _Bundle:
+    device = cluster.device
+    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused)
+    comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
+    if rc is Recompute.FULL:
+        rec, rec_comm = layer.forward_s + comm[0], comm[0]
+    elif rc is Recompute.SELECTIVE:
+        rec, rec_comm = layer.selective_recompute_s, 0.0
+    else:
+        rec = rec_comm = 0.0
+    e = dtype_bytes(dtype)
+    return _Bundle(
+        layer=layer, embedding=_end_cost("embedding", model, device, dtype, tp, sp, mb, fused),
+        head=_end_cost("head", model, device, dtype, tp, sp, mb, fused), comm=comm, recompute_layer_s=rec,
+        recompute_comm_s=rec_comm, layer_params=layer_params_per_rank(model, tp),
+        embedding_params=_embedding_params_per_rank(model, tp),
+        head_params_shared=_head_params_per_rank(model, tp, shares_embedding_chunk=True),
+        head_params_apart=_head_params_per_rank(model, tp, shares_embedding_chunk=False),
+        p2p_bytes=mb * model.seq * model.hidden * e // (tp if sp else 1), dtype_bytes=e,
+        optimizer_bytes_per_param=optimizer_bytes(1, dtype),
+    )
+
+
+def chunk_costs(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, fused: bool = False
+) -> list[ChunkCost]:
+    """Cost of every model chunk in pipeline order, for one micro-batch on one tensor-parallel rank.
+
+    Chunk ``i`` holds ``config.layers_per_chunk(model.layers)[i]`` layers; chunk 0 also holds the
+    embedding, the last chunk the head and the loss. The TP collectives are timed on the first TP
+    group's ranks as placed on ``cluster``. ``grad_reduce_bytes`` is the chunk's gradient bytes (the
+    data-parallel all-reduce is timed by the simulator).
+    """
+    config.validate_for(model)
+    ranks = tp_ranks(config)
+    if ranks[-1] >= cluster.num_devices:
+        raise ConfigError(
+            "tp", f"the tensor-parallel group {list(ranks)} does not fit the cluster's {cluster.num_devices} devices",
+            "use a larger cluster (--nodes/--gpus) or a smaller tp",
+        )
+    bd = _bundle(model, cluster, config.dtype, config.tp, config.sequence_parallel, config.microbatch,
+                 config.recompute, fused, ranks)
+    layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
+    dp = config.dp if config.optimizer_sharding else 1
+    counts = config.layers_per_chunk(model.layers)
+    last = len(counts) - 1
+    memo: dict[tuple[int, bool, bool], ChunkCost] = {}
+    out: list[ChunkCost] = []
+    for i, n in enumerate(counts):
+        key = (n, i == 0, i == last)
+        cost = memo.get(key)
+        if cost is None:
+            fwd = n * (layer.forward_s + comm[0])
+            bwd_in = n * (layer.backward_input_s + comm[1])
+            bwd_w = n * layer.backward_weight_s
+            tp_comm = n * (comm[0] + comm[1] + bd.recompute_comm_s)
+            act = n * layer.activation_bytes
+            flops = n * layer.matmul_flops
+            params = n * bd.layer_params
+            if i == 0:
+                emb = bd.embedding
+                fwd += emb.forward_s + comm[2]
+                bwd_in += emb.backward_input_s + comm[3]
+                bwd_w += emb.backward_weight_s
+                tp_comm += comm[2] + comm[3]
+                act += emb.activation_bytes
+                flops += emb.matmul_flops
+                params += bd.embedding_params
+            if i == last:
+                head = bd.head
+                fwd += head.forward_s + comm[4]
+                bwd_in += head.backward_input_s + comm[5]
+                bwd_w += head.backward_weight_s
+                tp_comm += comm[4] + comm[5]
+                act += head.activation_bytes
+                flops += head.matmul_flops
+                params += bd.head_params_shared if last == 0 else bd.head_params_apart
+            grads = params * e
+            cost = ChunkCost(
+                forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
+                tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=grads, grad_bytes=grads,
+                optimizer_bytes=-(-params * bd.optimizer_bytes_per_param // dp), grad_reduce_bytes=grads,
+                p2p_bytes=bd.p2p_bytes, model_flops=flops,
+            )
+            memo[key] = cost
+        out.append(cost)
+    return out
