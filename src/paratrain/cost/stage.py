@@ -165,7 +165,7 @@ def _tp_comm(
     if sequence_parallel:
         pair = (collective_time("all_gather", full, ranks, cluster).time_s
                 + collective_time("reduce_scatter", full, ranks, cluster).time_s)
-        layer_f = layer_b = pair
+        layer_f = layer_b = 2 * pair
         emb_f = collective_time("reduce_scatter", full, ranks, cluster).time_s
         emb_b = collective_time("all_gather", full, ranks, cluster).time_s
         head_f = collective_time("all_gather", full, ranks, cluster).time_s
