@@ -59,13 +59,13 @@ def chimera(stages: int, microbatches: int) -> Schedule:
         chosen: list[tuple[str, int, int] | None] = [None] * d
         # backwards first: oldest micro-batch whose gradient reached the chunk
         for mb in range(n):
-            if f_done[mb] == d and b_done[mb] < d and b_ready_at[mb] <= t:
+            if f_done[mb] == d and b_done[mb] < d and b_ready_at[mb] <= t and (t - b_done[mb]) % 2 == 0:
                 c = d - 1 - b_done[mb]
                 r = placement[replica_of[mb]][c]
                 if chosen[r] is None:
                     chosen[r] = ("B", mb, c)
         for mb in range(n):
-            if f_done[mb] < d and f_ready_at[mb] <= t:
+            if f_done[mb] < d and f_ready_at[mb] <= t and (t - f_done[mb]) % 2 == 0:
                 c = f_done[mb]
                 rep = replica_of[mb]
                 r = placement[rep][c]

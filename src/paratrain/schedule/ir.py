@@ -394,6 +394,18 @@ def _fifo_receives(rows: list[list[Action]]) -> tuple[tuple[Action, ...], ...]:
                 d[(rk, a.microbatch, a.chunk + dc, a.replica)] = len(d)
     out = []
     for b, row in enumerate(rows):
+        expect: dict[int, int] = {}
+        in_order = True
+        for a in row:
+            if a.kind is K.RECV_ACT or a.kind is K.RECV_GRAD:
+                k = order[(a.peer, b)].get((a.kind, a.microbatch, a.chunk, a.replica), -1)
+                if k != expect.get(a.peer, 0):
+                    in_order = False
+                    break
+                expect[a.peer] = k + 1
+        if in_order:
+            out.append(tuple(row))
+            continue
         by_index = {src: {i: key for key, i in d.items()} for (src, dst), d in order.items() if dst == b}
         nxt: dict[int, int] = {}
         done: set[tuple[ActionKind, int | None, int | None, int]] = set()

@@ -1,0 +1,367 @@
+"""From a run of the engine to the report: iteration time, bubbles, memory, throughput, MFU.
+
+Definitions
+-----------
+* iteration time — synchronous schedules: from the first action to the last rank's finish (flush
+  included). Asynchronous schedules (PipeDream, 2BW) have no flush; they are generated over
+  ``K ≥ 3`` batches and the iteration time is the steady-state period: on each rank, the time from
+  the end of batch 0's last backward to the end of batch ``K-2``'s, divided by ``K-2`` (mean over
+  ranks), which leaves out the one-time fill and drain.
+* bubble fraction — mean over ranks of idle time / iteration time, idle = iteration − busy, busy =
+  compute actions and optimizer steps (communication that does not overlap counts as idle).
+* memory per rank — weights, gradients and optimizer state of every chunk the rank holds (both
+  replicas under Chimera), the extra weight versions an asynchronous schedule stashes, and the peak
+  activation bytes of in-flight micro-batches (from a forward to the ``B`` or ``W`` that frees it).
+* MFU — model matmul FLOPs per iteration (:func:`paratrain.cost.compute.model_flops_per_iteration`,
+  no recomputation) / (iteration time × GPUs × peak dense FLOP/s of the dtype); HFU adds the
+  recomputed matmuls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from paratrain.cost.types import ChunkCost
+from paratrain.errors import ConfigError
+from paratrain.schedule.ir import ActionKind, Schedule
+from paratrain.schedule.validate import inflight_and_versions
+from paratrain.sim.engine import CommRecord, SimRun, Timing, TraceEvent, run_schedule, uniform_timing
+
+if TYPE_CHECKING:
+    from paratrain.parallel.config import ParallelConfig
+    from paratrain.spec.cluster import ClusterSpec
+    from paratrain.spec.model import ModelSpec
+
+__all__ = ["MemoryBreakdown", "SimResult", "simulate", "simulate_config", "timing_for_config", "memory_by_rank"]
+
+K = ActionKind
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    stashed_weight_bytes: int  # extra weight versions of asynchronous schedules
+    activation_bytes: int  # peak over the iteration
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weight_bytes
+            + self.grad_bytes
+            + self.optimizer_bytes
+            + self.stashed_weight_bytes
+            + self.activation_bytes
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "weight_bytes": self.weight_bytes,
+            "grad_bytes": self.grad_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "stashed_weight_bytes": self.stashed_weight_bytes,
+            "activation_bytes": self.activation_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class SimResult:
+    schedule: str
+    stages: int
+    microbatches: int
+    iteration_time_s: float
+    busy_s_by_rank: tuple[float, ...]
+    idle_s_by_rank: tuple[float, ...]
+    bubble_fraction: float
+    peak_inflight_by_rank: tuple[int, ...]
+    weight_versions_by_rank: tuple[int, ...]
+    comm_time_by_kind: dict[str, float]
+    events: tuple[TraceEvent, ...] = field(repr=False)
+    comm_log: tuple[CommRecord, ...] = field(repr=False)
+    actions: int = 0
+    memory: tuple[MemoryBreakdown, ...] | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        return max(m.total_bytes for m in self.memory) if self.memory else None
+
+    @property
+    def memory_by_rank(self) -> list[int] | None:
+        return [m.total_bytes for m in self.memory] if self.memory else None
+
+    def to_dict(self, *, comm_log: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schedule": self.schedule,
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "iteration_time_s": self.iteration_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "samples_per_s": self.samples_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "bubble_fraction": self.bubble_fraction,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_by_rank": self.memory_by_rank,
+            "memory_breakdown_by_rank": [m.to_dict() for m in self.memory] if self.memory else None,
+            "comm_time_by_kind": dict(self.comm_time_by_kind),
+            "busy_s_by_rank": list(self.busy_s_by_rank),
+            "idle_s_by_rank": list(self.idle_s_by_rank),
+            "peak_inflight_by_rank": list(self.peak_inflight_by_rank),
+            "weight_versions_by_rank": list(self.weight_versions_by_rank),
+        }
+        if comm_log:
+            d["comm_log"] = [
+                {"kind": c.kind, "bytes": c.bytes, "group": list(c.group), "start_s": c.start_s, "time_s": c.time_s}
+                for c in self.comm_log
+            ]
+        return d
+
+
+def _iteration(schedule: Schedule, run: SimRun) -> tuple[float, list[float], list[float]]:
+    """(iteration time, busy per rank, idle per rank) as defined in the module docstring."""
+    k = schedule.iterations
+    p = schedule.stages
+    if k < 3:
+        it = max(run.finish_s) / k
+        busy = [b / k for b in run.busy_s]
+        return it, busy, [it - b for b in busy]
+    lo = [run.batch_end_s[r][0] for r in range(p)]
+    hi = [run.batch_end_s[r][k - 2] for r in range(p)]
+    win_busy = [0.0] * p
+    for e in run.events:
+        if e.stream == "compute" and lo[e.rank] <= e.start_s < hi[e.rank]:
+            win_busy[e.rank] += e.duration_s
+    periods = [(hi[r] - lo[r]) / (k - 2) for r in range(p)]
+    it = sum(periods) / p
+    busy = [b / (k - 2) for b in win_busy]
+    return it, busy, [it - b for b in busy]
+
+
+def _inflight(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Peak in-flight micro-batches and live weight versions per rank, without the validator's checks."""
+    if schedule.weight_versions > 1:
+        return inflight_and_versions(schedule)
+    peaks = []
+    f, freeing = K.FORWARD, (K.BACKWARD, K.BACKWARD_WEIGHT)
+    for row in schedule.actions:
+        cur = peak = 0
+        for a in row:
+            k = a.kind
+            if k is f:
+                cur += 1
+                if cur > peak:
+                    peak = cur
+            elif k in freeing:
+                cur -= 1
+        peaks.append(peak)
+    return tuple(peaks), (1,) * schedule.stages
+
+
+def _inflight(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Peak in-flight micro-batches and live weight versions per rank, without the validator's checks."""
+    if schedule.weight_versions > 1:
+        return inflight_and_versions(schedule)
+    peaks = []
+    f, freeing = K.FORWARD, (K.BACKWARD, K.BACKWARD_WEIGHT)
+    for row in schedule.actions:
+        cur = peak = 0
+        for a in row:
+            k = a.kind
+            if k is f:
+                cur += 1
+                if cur > peak:
+                    peak = cur
+            elif k in freeing:
+                cur -= 1
+        peaks.append(peak)
+    return tuple(peaks), (1,) * schedule.stages
+
+
+def memory_by_rank(schedule: Schedule, costs: Sequence[ChunkCost]) -> tuple[MemoryBreakdown, ...]:
+    """Memory of every pipeline rank (see the module docstring); order-based, no timing needed."""
+    _, versions = _inflight(schedule)
+    out = []
+    for r, row in enumerate(schedule.actions):
+        held = schedule.chunks_of(r)
+        w = sum(costs[c].weight_bytes for c, _ in held)
+        cur = peak = 0
+        for a in row:
+            if a.kind is K.FORWARD:
+                cur += costs[a.chunk].activation_bytes
+                peak = max(peak, cur)
+            elif a.kind is K.BACKWARD or a.kind is K.BACKWARD_WEIGHT:
+                cur -= costs[a.chunk].activation_bytes
+        out.append(
+            MemoryBreakdown(
+                weight_bytes=w,
+                grad_bytes=sum(costs[c].grad_bytes for c, _ in held),
+                optimizer_bytes=sum(costs[c].optimizer_bytes for c, _ in held),
+                stashed_weight_bytes=(versions[r] - 1) * w,
+                activation_bytes=peak,
+            )
+        )
+    return tuple(out)
+
+
+def simulate(
+    schedule: Schedule,
+    timing: Timing | None = None,
+    *,
+    overlap_grad_reduce: bool = True,
+    record: bool = True,
+    forward: float = 1.0,
+    backward: float = 2.0,
+) -> SimResult:
+    """Simulate ``schedule``; without ``timing``, with uniform durations ``forward``/``backward``
+    and free communication."""
+    if timing is None:
+        timing = uniform_timing(schedule, forward, backward)
+    record = record or schedule.iterations >= 3  # the steady-state window needs the events
+    run = run_schedule(schedule, timing, overlap_grad_reduce=overlap_grad_reduce, record=record)
+    it, busy, idle = _iteration(schedule, run)
+    inflight, versions = _inflight(schedule)
+    return SimResult(
+        schedule=schedule.name,
+        stages=schedule.stages,
+        microbatches=schedule.microbatches,
+        iteration_time_s=it,
+        busy_s_by_rank=tuple(busy),
+        idle_s_by_rank=tuple(idle),
+        bubble_fraction=sum(i / it for i in idle) / len(idle) if it > 0 else 0.0,
+        peak_inflight_by_rank=inflight,
+        weight_versions_by_rank=versions,
+        comm_time_by_kind={k: v / schedule.iterations for k, v in run.comm_time_by_kind.items()},  # per iteration
+        events=run.events,
+        comm_log=run.comm_log,
+        actions=run.actions,
+    )
+
+
+def timing_for_config(
+    schedule: Schedule, costs: Sequence[ChunkCost], cluster: ClusterSpec, config: ParallelConfig
+) -> Timing:
+    """Durations from the cost model; communication timed between the ranks' places on ``cluster``."""
+    from paratrain.cost.collectives import collective_time
+
+    if len(costs) != schedule.num_chunks:
+        raise ConfigError("costs", f"{len(costs)} chunk costs for {schedule.num_chunks} chunks", "give one per chunk")
+
+    def grank(r: int) -> int:
+        return config.rank_of(pp=r)
+
+    memo: dict[tuple[int, int, int], float] = {}
+
+    def p2p_s(src: int, dst: int, c: int) -> float:
+        key = (src, dst, c)
+        t = memo.get(key)
+        if t is None:
+            t = memo[key] = collective_time("p2p", costs[c].p2p_bytes, (grank(src), grank(dst)), cluster).time_s
+        return t
+
+    groups = []
+    reduce_s = []
+    for c, cost in enumerate(costs):
+        hosts = sorted({row[c] for row in schedule.placement})
+        ranks = tuple(config.rank_of(pp=h, dp=d) for h in hosts for d in range(config.dp))
+        groups.append(ranks)
+        if len(ranks) == 1:
+            reduce_s.append(0.0)
+        elif config.optimizer_sharding:
+            # ZeRO-1: reduce-scatter the gradients, all-gather the updated parameters
+            reduce_s.append(
+                collective_time("reduce_scatter", cost.grad_reduce_bytes, ranks, cluster).time_s
+                + collective_time("all_gather", cost.weight_bytes, ranks, cluster).time_s
+            )
+        else:
+            reduce_s.append(collective_time("all_reduce", cost.grad_reduce_bytes, ranks, cluster).time_s)
+    # Adam is memory-bound: it reads the gradients, reads and writes the optimizer state (master
+    # weights and moments) and writes the weights once per step.
+    bw = cluster.device.memory_bandwidth_Bps
+    opt = tuple(
+        sum(
+            costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes for c, _ in schedule.chunks_of(r)
+        )
+        / bw
+        for r in range(schedule.stages)
+    )
+    return Timing(
+        forward_s=tuple(c.forward_s for c in costs),
+        backward_s=tuple(c.backward_s for c in costs),
+        input_s=tuple(c.recompute_s + c.backward_input_s for c in costs),
+        weight_s=tuple(c.backward_weight_s for c in costs),
+        p2p_s=p2p_s,
+        reduce_s=tuple(reduce_s),
+        optimizer_s=opt,
+        p2p_bytes=tuple(c.p2p_bytes for c in costs),
+        reduce_bytes=tuple(c.grad_reduce_bytes for c in costs),
+        tp_comm_s=tuple(c.tp_comm_s for c in costs),
+        reduce_kind="reduce_scatter+all_gather" if config.optimizer_sharding else "all_reduce",
+        global_rank=grank,
+        reduce_groups=tuple(groups),
+    )
+
+
+def simulate_config(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    *,
+    overlap_grad_reduce: bool = True,
+    record: bool = False,
+) -> SimResult:
+    """Simulate one iteration of ``config`` (what the planner calls). ``record=True`` keeps the
+    trace events and the per-operation communication log."""
+    from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
+    from paratrain.cost.stage import chunk_costs
+    from paratrain.schedule.registry import generate
+
+    config.validate_for(model, even_layers=config.partition is None)
+    if config.world_size > cluster.num_devices:
+        raise ConfigError(
+            "dp*tp*pp",
+            f"dp({config.dp})*tp({config.tp})*pp({config.pp}) = {config.world_size} exceeds the cluster's "
+            f"{cluster.num_devices} devices",
+            "use a larger cluster (--gpus/--nodes) or smaller parallel sizes",
+        )
+    schedule = generate(
+        config.schedule, stages=config.pp, microbatches=config.num_microbatches, virtual_stages=config.virtual_stages
+    )
+    costs = chunk_costs(model, cluster, config)
+    res = simulate(
+        schedule,
+        timing_for_config(schedule, costs, cluster, config),
+        overlap_grad_reduce=overlap_grad_reduce,
+        record=record,
+    )
+    it = res.iteration_time_s
+    gb = config.global_batch
+    assert gb is not None
+    flops = model_flops_per_iteration(model, gb)
+    hw_flops = matmul_flops_per_iteration(model, gb, config.recompute)
+    peak = cluster.device.peak_flops(config.dtype)
+    n = config.world_size
+    return _with(
+        res,
+        memory=memory_by_rank(schedule, costs),
+        samples_per_s=gb / it,
+        tokens_per_s=gb * model.seq / it,
+        tflops_per_gpu=flops / (it * n) / 1e12,
+        mfu=flops / (it * n * peak),
+        hfu=hw_flops / (it * n * peak),
+    )
+
+
+def _with(res: SimResult, **kw: Any) -> SimResult:
+    import dataclasses
+
+    return dataclasses.replace(res, **kw)

@@ -1,0 +1,162 @@
+"""Pictures of a simulated (or measured) run: Chrome trace JSON, ASCII timeline, PNG timeline.
+
+The Chrome trace format is shared with the runtime's measured traces: one process per pipeline
+rank (``pid`` = rank), thread 0 = compute stream, thread 1 = communication stream, one complete
+event (``ph: "X"``) per action named by its text form (``F3@c1``), times in microseconds. It loads
+in Perfetto (ui.perfetto.dev) and chrome://tracing.
+
+These functions only build data (and a matplotlib figure); the CLI writes the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from paratrain.sim.engine import TraceEvent
+
+__all__ = ["chrome_trace", "ascii_timeline", "plot_timeline", "events_from_chrome_trace"]
+
+_TID = {"compute": 0, "comm": 1}
+
+
+def chrome_trace(events: Iterable[TraceEvent], *, time_unit_s: float = 1e-6, title: str = "") -> dict[str, Any]:
+    """Chrome trace document. ``time_unit_s`` is what one trace microsecond stands for: the default
+    keeps seconds as real microseconds; uniform-time runs pass 1e0 so one unit reads as 1 µs."""
+    scale = 1.0 / time_unit_s if time_unit_s != 1e-6 else 1e6
+    evs: list[dict[str, Any]] = []
+    ranks = set()
+    for e in events:
+        ranks.add(e.rank)
+        evs.append(
+            {
+                "name": e.name,
+                "cat": e.category,
+                "ph": "X",
+                "pid": e.rank,
+                "tid": _TID.get(e.stream, 0),
+                "ts": e.start_s * scale,
+                "dur": e.duration_s * scale,
+                "args": {"microbatch": e.microbatch} if e.microbatch is not None else {},
+            }
+        )
+    meta = []
+    for r in sorted(ranks):
+        meta.append({"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": "compute"}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 1, "args": {"name": "comm"}})
+    doc: dict[str, Any] = {"traceEvents": meta + evs, "displayTimeUnit": "ms"}
+    if title:
+        doc["otherData"] = {"title": title}
+    return doc
+
+
+def events_from_chrome_trace(doc: dict[str, Any], *, time_unit_s: float = 1e-6) -> list[TraceEvent]:
+    """Inverse of :func:`chrome_trace` (complete events only)."""
+    out = []
+    for ev in doc.get("traceEvents", []):
+        if ev.get("ph") != "X":
+            continue
+        stream = "comm" if ev.get("tid") == 1 else "compute"
+        mb = (ev.get("args") or {}).get("microbatch")
+        out.append(
+            TraceEvent(
+                int(ev["pid"]),
+                stream,
+                str(ev["name"]),
+                ev["ts"] * time_unit_s,
+                ev["dur"] * time_unit_s,
+                str(ev.get("cat", "")),
+                mb,
+            )
+        )
+    return out
+
+
+_GLYPH = {"forward": "F", "backward": "B", "input": "I", "weight": "W", "optimizer": "U", "filler": "X"}
+
+
+def ascii_timeline(events: Iterable[TraceEvent], ranks: int, *, unit: float = 1.0, width: int | None = None) -> str:
+    """One line per rank, one character per ``unit`` of time: the micro-batch number (last digit,
+    capitals/lower case for forward/backward is not enough for 10+ micro-batches, so forward cells
+    show the digit and backward cells the digit on a ``-`` shaded background is avoided: each action
+    is drawn as its letter followed by its micro-batch's last digit when it spans ≥ 2 cells).
+    Idle cells are ``.``."""
+    evs = [e for e in events if e.stream == "compute"]
+    end = max((e.start_s + e.duration_s for e in evs), default=0.0)
+    cols = int(round(end / unit))
+    if width is not None and cols > width:
+        unit = end / width
+        cols = width
+    rows = [["."] * cols for _ in range(ranks)]
+    for e in evs:
+        a = int(round(e.start_s / unit))
+        b = max(a + 1, int(round((e.start_s + e.duration_s) / unit)))
+        g = _GLYPH.get(e.category, "?")
+        label = g + (str(e.microbatch % 10) if e.microbatch is not None else "")
+        for k in range(a, min(b, cols)):
+            rows[e.rank][k] = label[(k - a)] if k - a < len(label) else g.lower()
+    return "\n".join(f"rank {r:>2} |" + "".join(row) + "|" for r, row in enumerate(rows))
+
+
+_COLORS = {
+    "forward": "#4C9BE8",
+    "backward": "#7BC67B",
+    "input": "#7BC67B",
+    "weight": "#2E8B57",
+    "optimizer": "#B0B0B0",
+    "filler": "#E8A33C",
+    "p2p": "#F2C14E",
+    "reduce": "#D9534F",
+}
+
+
+def plot_timeline(
+    events: Iterable[TraceEvent],
+    ranks: int,
+    *,
+    title: str = "",
+    unit_label: str = "time (s)",
+    show_comm: bool = True,
+    ax: Any = None,
+) -> Any:
+    """A matplotlib figure in the style of the schedule papers: one row per rank, a box per action
+    labelled with its micro-batch, replica-1 micro-batches hatched. Returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    evs = list(events)
+    end = max((e.start_s + e.duration_s for e in evs), default=1.0)
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(8.0, min(24.0, end / max(end / 60, 1e-12) * 0.2)), 0.55 * ranks + 1.2))
+    for e in evs:
+        if e.stream == "comm" and not show_comm:
+            continue
+        y = e.rank + (0.3 if e.stream == "comm" else 0.0)
+        h = 0.25 if e.stream == "comm" else 0.8
+        color = _COLORS.get(e.category, "#999999")
+        hatch = "//" if "r1" in e.name else None
+        ax.broken_barh(
+            [(e.start_s, e.duration_s)], (y - 0.4, h), facecolors=color, edgecolor="black", linewidth=0.4, hatch=hatch
+        )
+        if e.stream == "compute" and e.microbatch is not None and e.duration_s >= end / 120:
+            ax.text(e.start_s + e.duration_s / 2, y, str(e.microbatch), ha="center", va="center", fontsize=7)
+    ax.set_ylim(ranks - 0.5, -0.5)
+    ax.set_yticks(range(ranks))
+    ax.set_yticklabels([f"rank {r}" for r in range(ranks)])
+    ax.set_xlim(0, end)
+    ax.set_xlabel(unit_label)
+    if title:
+        ax.set_title(title)
+    used = {e.category for e in evs if show_comm or e.stream == "compute"}
+    handles = [Patch(facecolor=c, edgecolor="black", label=k) for k, c in _COLORS.items() if k in used]
+    if any("r1" in e.name for e in evs):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="replica 1"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    if fig is not None:
+        fig.tight_layout()
+    return fig if fig is not None else ax.figure
