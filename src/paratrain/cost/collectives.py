@@ -15,10 +15,10 @@ the intra-node link (NVLink/NVSwitch). A group spanning nodes is bound by the pe
 (``inter_link``; NCCL runs one ring/tree channel per NIC), scaled by what the topology leaves of it:
 
 - single switch: full bandwidth;
-- fat tree: traffic between leaves shares uplinks oversubscribed ``oversubscription``:1; patterns
-  whose partners are far apart (trees, halving/doubling, all-to-all) get ``1/oversubscription``
-  once the group spans several leaves; a ring over node-ordered ranks crosses each leaf boundary
-  only twice, so it loses bandwidth only when ``oversubscription`` exceeds the nodes in a leaf;
+- fat tree: traffic between leaves shares uplinks oversubscribed ``oversubscription``:1, so a
+  group spanning several leaves gets ``1/oversubscription`` of its NIC bandwidth. This assumes
+  every rank of the leaf communicates at once (data-parallel groups of all pipeline stages and
+  tensor ranks reduce together); a lone ring would cross each leaf boundary only twice;
 - dragonfly: ``1/oversubscription`` once the group spans several groups (tapered global links);
 - torus: neighbour traffic shares links with the groups interleaved with it, ``1/hops`` for a
   mean hop distance between consecutive nodes; distant-partner traffic is bound by the
@@ -110,11 +110,8 @@ def _topology_factors(cluster: ClusterSpec, nodes: list[int], ranks: Sequence[in
         leaves = Counter(n // topo.nodes_per_leaf for n in nodes)
         if len(leaves) <= 1:
             return 1.0, 1.0
-        glob = 1.0 / topo.oversubscription
-        if kind is TopologyKind.DRAGONFLY:
-            return glob, glob
-        per_leaf = min(leaves.values())
-        return min(1.0, per_leaf / topo.oversubscription), glob
+        share = 1.0 / topo.oversubscription
+        return share, share
     if kind in (TopologyKind.TORUS_2D, TopologyKind.TORUS_3D):
         dims = topo.dims or (cluster.nodes,)
         coords = [_torus_coords(n, dims) for n in nodes]

@@ -1,0 +1,57 @@
+"""`paratrain calibrate`: the measured CPU device round-trips through the calibration file."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from paratrain.cli.calibrate import device_from_measurement
+from paratrain.spec.device import DeviceSpec, cpu_calibration_path, resolve_device
+from paratrain.spec.device_presets import DEVICE_PRESETS
+
+
+def test_device_from_measurement_round_trips(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    m = {"peak_fp32_flops": 123e9, "memory_bandwidth_Bps": 7.5e9, "kernel_overhead_s": 3e-6, "threads": 3}
+    dev = device_from_measurement(m)
+    assert (dev.peak_fp32_flops, dev.memory_bandwidth_Bps, dev.sm_count) == (123e9, 7.5e9, 3)
+    assert resolve_device("cpu") == DEVICE_PRESETS["cpu"]  # nothing calibrated yet
+    cpu_calibration_path().write_text(json.dumps(dev.to_dict()))
+    assert cpu_calibration_path().parent == tmp_path
+    assert resolve_device("cpu") == dev
+
+
+@pytest.mark.slow
+def test_calibrate_command_writes_the_cpu_device(run_cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    t0 = time.perf_counter()
+    code, out, err = run_cli("calibrate", "--json")
+    elapsed = time.perf_counter() - t0
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["path"] == str(tmp_path / "cpu.json")
+    stored = DeviceSpec(**json.loads((tmp_path / "cpu.json").read_text()))
+    assert resolve_device("cpu") == stored == DeviceSpec(**doc["device"])
+    assert stored.peak_fp32_flops == max(doc["gemm_flops_by_size"].values())
+    assert 1e8 < stored.peak_fp32_flops < 1e14 and 1e8 < stored.memory_bandwidth_Bps < 1e13
+    assert elapsed < 10
+    other = tmp_path / "sub" / "mine.json"
+    code, out, err = run_cli("calibrate", "--out", str(other))
+    assert code == 0, err
+    assert "GFLOP/s" in out and other.is_file()
+    DeviceSpec(**json.loads(other.read_text()))
+
+
+def test_unwritable_out_is_one_line_error(run_cli, tmp_path, monkeypatch) -> None:
+    from tests.conftest import assert_one_line_error
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    monkeypatch.setattr("paratrain.cli.calibrate.measure_cpu", lambda: {
+        "gemm_flops_by_size": {256: 1e9}, "peak_fp32_flops": 1e9, "memory_bandwidth_Bps": 1e9,
+        "kernel_overhead_s": 1e-6, "threads": 1})
+    code, _, err = run_cli("calibrate", "--out", str(blocker / "cpu.json"))
+    assert_one_line_error(code, err, "--out")

@@ -1,0 +1,217 @@
+"""Alpha–beta collective model: closed forms, topology effects and monotonicity properties."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paratrain.cost.collectives import algorithms_for, collective_time
+from paratrain.errors import ConfigError
+from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind, resolve_cluster
+from paratrain.spec.device import resolve_device
+
+DGX = resolve_cluster("dgx-a100", nodes=64)
+
+
+def _cluster(kind: TopologyKind, nodes: int = 64, per_node: int = 8, **topo) -> ClusterSpec:
+    return ClusterSpec(
+        name=f"test-{kind.value}", device=resolve_device("a100-80gb"), nodes=nodes, devices_per_node=per_node,
+        intra_link=LinkSpec(300e9, 3e-6), inter_link=LinkSpec(25e9, 6e-6), topology=Topology(kind=kind, **topo),
+    )
+
+
+CLUSTERS = [
+    DGX,
+    _cluster(TopologyKind.SINGLE_SWITCH),
+    _cluster(TopologyKind.FAT_TREE, oversubscription=4.0, nodes_per_leaf=8),
+    _cluster(TopologyKind.DRAGONFLY, oversubscription=2.0, nodes_per_leaf=16),
+    _cluster(TopologyKind.TORUS_2D, dims=(8, 8)),
+    _cluster(TopologyKind.TORUS_3D, dims=(4, 4, 4)),
+    _cluster(TopologyKind.HAMMINGMESH, per_node=4, board=(2, 2), dims=(8, 8)),
+    _cluster(TopologyKind.FAT_TREE, oversubscription=2.0, nodes_per_leaf=4, in_network_reduction=True),
+]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+def test_ring_all_reduce_moves_2_p_minus_1_over_p_n_per_rank(p: int) -> None:
+    n = 1e8
+    c = collective_time("all_reduce", n, range(p), DGX, "ring")
+    assert c.bytes_per_rank == pytest.approx(2 * (p - 1) / p * n)
+    link = DGX.intra_link
+    assert c.time_s == pytest.approx(2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * n / link.bandwidth_Bps)
+    rs = collective_time("reduce_scatter", n, range(p), DGX, "ring")
+    ag = collective_time("all_gather", n, range(p), DGX, "ring")
+    assert rs.bytes_per_rank == pytest.approx((p - 1) / p * n)
+    assert rs.time_s + ag.time_s == pytest.approx(c.time_s)
+
+
+def test_ring_across_nodes_is_bound_by_the_nic() -> None:
+    n, ranks = 1e9, tuple(range(16))
+    c = collective_time("all_reduce", n, ranks, DGX, "ring")
+    nic = DGX.inter_link
+    assert c.time_s == pytest.approx(2 * 15 * nic.latency_s + 2 * 15 / 16 * n / nic.bandwidth_Bps)
+
+
+def test_rhd_closed_form_power_of_two_and_fold() -> None:
+    n = 1e6
+    link = DGX.intra_link
+    a, bw = link.latency_s, link.bandwidth_Bps
+    assert collective_time("all_reduce", n, range(8), DGX, "rhd").time_s == pytest.approx(6 * a + 2 * 7 / 8 * n / bw)
+    # 6 ranks: fold 2 onto partners, 4-rank Rabenseifner, unfold.
+    assert collective_time("all_reduce", n, range(6), DGX, "rhd").time_s == pytest.approx(
+        4 * a + 2 * 3 / 4 * n / bw + 2 * a + 2 * n / bw
+    )
+
+
+def test_hierarchical_beats_flat_ring_across_nodes() -> None:
+    ranks = tuple(range(64))
+    flat = collective_time("all_reduce", 1e9, ranks, DGX, "ring")
+    hier = collective_time("all_reduce", 1e9, ranks, DGX, "hierarchical")
+    assert hier.time_s < flat.time_s
+    assert hier.bytes_per_rank == pytest.approx(2 * 7 / 8 * 1e9 / 8)  # 8-node ring on a 1/8 shard
+    assert collective_time("all_reduce", 1e9, ranks, DGX).time_s <= hier.time_s
+
+
+def test_in_network_reduction_only_where_the_switches_have_it() -> None:
+    sharp = CLUSTERS[-1]
+    ranks = tuple(range(64))
+    assert collective_time("all_reduce", 1e9, ranks, DGX).algorithm != "in_network"
+    best = collective_time("all_reduce", 1e9, ranks, sharp)
+    assert best.algorithm == "in_network"
+    # Each NIC sends its 1/8 shard once: about half the bytes of a ring all-reduce.
+    assert best.bytes_per_rank == pytest.approx(1e9 / 8)
+    explicit = collective_time("all_reduce", 1e9, ranks, DGX, "in_network")
+    assert explicit.algorithm == "in_network"
+
+
+def test_fat_tree_oversubscription_slows_cross_leaf_groups() -> None:
+    ranks = tuple(range(0, 512, 8))  # one rank on each of 64 nodes
+    full = _cluster(TopologyKind.FAT_TREE, oversubscription=1.0, nodes_per_leaf=8)
+    over = _cluster(TopologyKind.FAT_TREE, oversubscription=4.0, nodes_per_leaf=8)
+    for kind in ("all_to_all", "broadcast"):
+        assert collective_time(kind, 1e8, ranks, over).time_s > collective_time(kind, 1e8, ranks, full).time_s
+    in_leaf = tuple(range(0, 64, 8))  # 8 nodes: one leaf
+    assert collective_time("all_to_all", 1e8, in_leaf, over).time_s == collective_time(
+        "all_to_all", 1e8, in_leaf, full).time_s
+
+
+def test_torus_strided_groups_share_links() -> None:
+    torus = _cluster(TopologyKind.TORUS_2D, dims=(8, 8))
+    near = tuple(range(0, 64, 8))  # nodes 0..7, one torus row, neighbours
+    far = tuple(range(0, 512, 64))  # nodes 0, 8, ..., 56: a column, still neighbours
+    strided = tuple(8 * n for n in (0, 2, 4, 6, 16, 18, 20, 22))  # every other node: 2 hops apart
+    t = [collective_time("all_reduce", 1e9, r, torus, "ring").time_s for r in (near, far, strided)]
+    assert t[0] == pytest.approx(t[1])
+    assert t[2] > t[0]
+
+
+def test_p2p() -> None:
+    intra = collective_time("p2p", 1e8, (0, 1), DGX)
+    inter = collective_time("p2p", 1e8, (0, 8), DGX)
+    assert intra.time_s < inter.time_s
+    assert inter.time_s == pytest.approx(DGX.inter_link.latency_s + 1e8 / DGX.inter_link.bandwidth_Bps)
+    assert collective_time("p2p", 1e8, (3, 3), DGX).time_s == 0
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (("all_sum", 1e6, (0, 1), DGX, None), "collective kind"),
+        (("reduce_scatter", 1e6, (0, 1), DGX, "dbtree"), "algorithm"),
+        (("all_reduce", 1e6, (0, 1), DGX, "magic"), "algorithm"),
+        (("all_reduce", 1e6, (0, 10_000), DGX, None), "ranks"),
+        (("all_reduce", 1e6, (0, 0), DGX, None), "ranks"),
+        (("all_reduce", 1e6, (), DGX, None), "ranks"),
+        (("all_reduce", -1, (0, 1), DGX, None), "nbytes"),
+        (("p2p", 1e6, (0, 1, 2), DGX, None), "ranks"),
+    ],
+)
+def test_bad_input(args: tuple, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        collective_time(*args)
+    assert e.value.field == field
+
+
+# ----- properties ----------------------------------------------------------------------------
+
+_KIND_ALGO = [(k, a) for k in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
+              for a in (None, *algorithms_for(k))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ka=st.sampled_from(_KIND_ALGO), cluster=st.sampled_from(CLUSTERS),
+    ranks=st.sets(st.integers(0, 255), min_size=1, max_size=40),
+    n1=st.floats(0, 1e10), n2=st.floats(0, 1e10),
+)
+def test_monotone_in_size(ka: tuple, cluster: ClusterSpec, ranks: set, n1: float, n2: float) -> None:
+    kind, algo = ka
+    ranks_t = tuple(sorted(ranks))
+    lo, hi = sorted((n1, n2))
+    t_lo = collective_time(kind, lo, ranks_t, cluster, algo).time_s
+    t_hi = collective_time(kind, hi, ranks_t, cluster, algo).time_s
+    assert 0 <= t_lo <= t_hi
+
+
+_GROUP_CLUSTERS = [c for c in CLUSTERS if c.topology.kind in
+                   (TopologyKind.FAT_TREE, TopologyKind.SINGLE_SWITCH, TopologyKind.DRAGONFLY)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"]),
+    algo=st.sampled_from(["ring", "dbtree", None]), cluster=st.sampled_from(_GROUP_CLUSTERS),
+    per_node=st.sampled_from([1, 2, 4, 8]), nodes=st.integers(1, 32), more=st.integers(1, 32),
+    n=st.floats(1, 1e10),
+)
+def test_monotone_in_group_across_nodes(
+    kind: str, algo: str | None, cluster: ClusterSpec, per_node: int, nodes: int, more: int, n: float
+) -> None:
+    """Same ranks per node, more nodes: never faster. Holds for ring and tree at every size and for
+    the fastest algorithm at power-of-two node counts (recursive halving/doubling pays a fold
+    step off powers of two, so a 5-node group can be slower than an 8-node one — as in MPICH)."""
+    if algo is not None and algo not in algorithms_for(kind):
+        algo = "ring" if "ring" in algorithms_for(kind) else None
+    small, big = nodes, nodes + more
+    if algo is None:
+        small, big = 1 << (small.bit_length() - 1), 1 << (big.bit_length() - 1)
+    big = min(big, cluster.nodes)
+    small = min(small, big)
+
+    def group(k: int) -> tuple[int, ...]:
+        return tuple(node * cluster.devices_per_node + i for node in range(k) for i in range(per_node))
+
+    t_small = collective_time(kind, n, group(small), cluster, algo).time_s
+    t_big = collective_time(kind, n, group(big), cluster, algo).time_s
+    assert t_small <= t_big * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"]),
+    algo=st.sampled_from(["ring", "dbtree", None]), p=st.integers(1, 8), q=st.integers(1, 8), n=st.floats(1, 1e10),
+)
+def test_monotone_in_group_within_a_node(kind: str, algo: str | None, p: int, q: int, n: float) -> None:
+    if algo is not None and algo not in algorithms_for(kind):
+        algo = "ring" if "ring" in algorithms_for(kind) else None
+    small, big = sorted((p, q))
+    if algo is None:
+        small, big = 1 << (small.bit_length() - 1), 1 << (big.bit_length() - 1)
+    t_small = collective_time(kind, n, range(small), DGX, algo).time_s
+    t_big = collective_time(kind, n, range(big), DGX, algo).time_s
+    assert t_small <= t_big * (1 + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(o1=st.floats(1, 16), o2=st.floats(1, 16), kind=st.sampled_from(["all_reduce", "all_to_all", "broadcast"]),
+       n=st.floats(1, 1e10))
+def test_monotone_in_oversubscription(o1: float, o2: float, kind: str, n: float) -> None:
+    lo, hi = sorted((o1, o2))
+    ranks = tuple(range(0, 512, 4))
+    base = _cluster(TopologyKind.FAT_TREE, nodes_per_leaf=4)
+    t = [collective_time(kind, n, ranks, dataclasses.replace(base, topology=dataclasses.replace(
+        base.topology, oversubscription=o)), None).time_s for o in (lo, hi)]
+    assert t[0] <= t[1] * (1 + 1e-12)
