@@ -76,16 +76,24 @@ class GroupLayout:
     intra_latency_s: float
     intra_bandwidth_Bps: float
     inter_latency_s: float
-    neighbor_bandwidth_Bps: float  # inter-node bandwidth per rank for ring/neighbour traffic
-    global_bandwidth_Bps: float  # inter-node bandwidth per rank for distant-partner traffic
+    neighbor_bandwidth_Bps: float  # one NIC's share left by the topology to neighbour traffic
+    global_bandwidth_Bps: float  # one NIC's share left by the topology to distant-partner traffic
     nic_bandwidth_Bps: float  # the NIC's own rate
 
     def flat(self, pattern: str) -> tuple[float, float]:
-        """(alpha, bandwidth) of the slowest link a flat algorithm over the whole group uses."""
+        """(alpha, bandwidth) of the slowest link a flat algorithm over the whole group uses.
+
+        A ring over node-ordered ranks crosses each node boundary once per channel; NCCL runs one
+        channel per NIC, so the ``g`` ranks of a node drive ``g`` NICs in parallel and the ring
+        gets ``g × NIC`` across nodes (capped by NVLink). Distant-partner patterns have every
+        rank talking off-node at once, each through its own NIC.
+        """
         if self.nodes == 1:
             return self.intra_latency_s, self.intra_bandwidth_Bps
-        bw = self.neighbor_bandwidth_Bps if pattern == "neighbor" else self.global_bandwidth_Bps
-        return max(self.inter_latency_s, self.intra_latency_s), bw
+        alpha = max(self.inter_latency_s, self.intra_latency_s)
+        if pattern == "neighbor":
+            return alpha, min(self.intra_bandwidth_Bps, self.min_per_node * self.neighbor_bandwidth_Bps)
+        return alpha, self.global_bandwidth_Bps
 
 
 def _torus_coords(node: int, dims: tuple[int, ...]) -> tuple[int, ...]:
