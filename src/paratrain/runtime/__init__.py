@@ -1,1 +1,24 @@
-"""Real training on torch.distributed: mesh, reference models, tensor/data/pipeline parallelism."""
+"""Real training on torch.distributed: mesh, reference models, tensor/data/pipeline parallelism.
+
+Entry points: ``paratrain train`` (CLI), :func:`run_training` (Python), and for a pipeline engine
+:class:`~paratrain.runtime.train.Trainer` / :class:`~paratrain.runtime.train.StepExecutor`.
+Importing this package does not import torch; the names below load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run_training", "TrainConfig", "TrainResult"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("run_training", "TrainResult"):
+        from . import launch
+
+        return getattr(launch, name)
+    if name == "TrainConfig":
+        from .train import TrainConfig
+
+        return TrainConfig
+    raise AttributeError(name)

@@ -27,13 +27,13 @@ class BertEmbedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.num_positions, spec.hidden)
-        self.type = nn.Embedding(2, spec.hidden)  # sentence A / B
+        self.segment = nn.Embedding(2, spec.hidden)  # token types: sentence A / B
         self.norm = make_norm(spec)
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         pos_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
         # One segment per sequence: every token has type 0 (masked LM without next-sentence).
-        x_BSH = self.tok(tokens_BS) + self.pos(pos_S) + self.type(torch.zeros_like(pos_S))
+        x_BSH = self.tok(tokens_BS) + self.pos(pos_S) + self.segment(torch.zeros_like(pos_S))
         return self.norm(x_BSH)
 
 

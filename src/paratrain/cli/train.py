@@ -1,0 +1,139 @@
+"""``paratrain train``: real training with torch.distributed (see docs/runtime.md).
+
+Runs in this process when launched by torchrun (``torchrun --nproc-per-node 4 -m paratrain train
+…``) or for a single process; with ``--nproc N`` it starts N local workers itself through torch's
+elastic launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+
+from paratrain.cli.options import (
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqOpt,
+    VocabOpt,
+    parallel_from_opts,
+    resolve_model_opts,
+)
+from paratrain.errors import ConfigError
+
+_P = "Parallel layout"
+_T = "Training"
+_O = "Output"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train", help="Train a model for real on torch.distributed (gloo on CPU, NCCL on GPU).")(train)
+
+
+def _model_from_doc(doc: Any) -> Any:
+    from paratrain.spec.model import from_document, resolve_model
+
+    if isinstance(doc, dict):
+        return from_document(doc, "--config model")
+    return resolve_model(str(doc), "--config model")
+
+
+def train(
+    model: ModelOpt = None,  # type: ignore[assignment]
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn: FfnOpt = None,
+    seq: SeqOpt = None,
+    vocab: VocabOpt = None,
+    config: Annotated[str | None, typer.Option("--config", help="Run document from `paratrain plan --json` or a "
+                                               "ParallelConfig file; flags override it.", rich_help_panel=_P)] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size.", rich_help_panel=_P)] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=_P)] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (needs the pipeline engine).",
+                                           rich_help_panel=_P)] = None,
+    microbatch: Annotated[int | None, typer.Option("--microbatch", help="Micro-batch size (samples).",
+                                                   rich_help_panel=_P)] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch (samples per step).",
+                                                     rich_help_panel=_P)] = None,
+    optimizer_sharding: Annotated[bool | None, typer.Option("--optimizer-sharding/--no-optimizer-sharding",
+                                  help="Shard AdamW state over dp (FSDP2 fully_shard).", rich_help_panel=_P)] = None,
+    dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
+                       "overlapped), ddp (torch DDP), fsdp (FSDP2; default with --optimizer-sharding).",
+                       rich_help_panel=_P)] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Launch this many local worker processes "
+                     "(torch elastic launcher). Omit under torchrun.", rich_help_panel=_P)] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.", rich_help_panel=_T)] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of initialization and data.", rich_help_panel=_T)] = 0,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).", rich_help_panel=_T)] = 1e-3,
+    warmup: Annotated[int | None, typer.Option("--warmup", help="Warm-up steps (default 10% of --steps), then "
+                      "cosine decay to lr/10.", rich_help_panel=_T)] = None,
+    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this.",
+                                             rich_help_panel=_T)] = 1.0,
+    bf16: Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fp32 weights and optimizer).",
+                                       rich_help_panel=_T)] = False,
+    data: Annotated[str, typer.Option("--data", help="'stdlib' (the Python standard library's .py files), "
+                    "'synthetic', or a file/directory.", rich_help_panel=_T)] = "stdlib",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a silent peer or unreachable "
+                       "rendezvous ends the job.", rich_help_panel=_T)] = 300.0,
+    metrics: Annotated[str | None, typer.Option("--metrics", help="JSON line per step (rank 0; '{rank}' in the "
+                       "path: every rank).", rich_help_panel=_O)] = None,
+    trace: Annotated[str | None, typer.Option("--trace", help="Measured Chrome trace of all ranks (JSON).",
+                                              rich_help_panel=_O)] = None,
+    save_final: Annotated[str | None, typer.Option("--save-final", help="torch.save the final unsharded "
+                          "parameters here (rank 0).", rich_help_panel=_O)] = None,
+    log_every: Annotated[int, typer.Option("--log-every", help="Print every N-th step.", rich_help_panel=_O)] = 1,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Rich progress bar on rank 0.",
+                                           rich_help_panel=_O)] = True,
+) -> None:
+    from paratrain.parallel.config import load_run_document
+
+    base = None
+    doc_model = None
+    if config is not None:
+        doc = load_run_document(config, "--config")
+        base = doc["parallel"]
+        doc_model = doc.get("model")
+    if model is not None or doc_model is None:
+        spec = resolve_model_opts(model or "gpt-tiny", layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    else:
+        spec = _model_from_doc(doc_model).with_overrides(
+            layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
+    pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
+                              optimizer_sharding=optimizer_sharding)
+    if global_batch is None and base is None:
+        pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
+    impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")
+    if pcfg.optimizer_sharding and impl != "fsdp":
+        raise ConfigError("--dp-impl", f"{impl} does not shard optimizer state", "use --dp-impl fsdp")
+    from paratrain.runtime.train import TrainConfig
+
+    tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
+                       data=data, dp_impl=impl, metrics=metrics, trace=trace, save_final=save_final,
+                       timeout_s=timeout, log_every=log_every, progress=progress)
+    under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if nproc is not None and under_launcher:
+        raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
+                          "drop --nproc when running under torchrun")
+    if nproc is not None and nproc > 1 or (nproc == 1 and pcfg.world_size != 1):
+        from paratrain.runtime.launch import LaunchError, launch
+
+        try:
+            launch(spec, pcfg, tcfg, nproc)
+        except LaunchError as e:
+            typer.echo(f"paratrain: error: {e}", err=True)
+            raise SystemExit(e.exit_code) from None
+        return
+    if not under_launcher:
+        from paratrain.runtime.mesh import check_world_size
+
+        check_world_size(pcfg, 1)
+    from paratrain.runtime.train import worker_main
+
+    worker_main(spec, pcfg, tcfg)

@@ -1,0 +1,113 @@
+"""Turning failures into one clear line per rank, and fault injection for tests.
+
+Every failure of a multi-process job must end it within the configured timeout with one message
+on every surviving rank, never a silent hang:
+- bad input (:class:`ConfigError`): ``[rank r] error: <field>: <problem> (fix: ...)``, exit code 2;
+- a peer that died or stopped answering: the collective raises (gloo notices a closed socket at
+  once; otherwise the process-group timeout fires), exit code 1;
+- a rendezvous that cannot be reached within the timeout, exit code 1;
+- SIGTERM from the launcher (torchrun ends the others when one worker fails), exit code 143.
+The process leaves with ``os._exit`` after flushing: tearing down a process group whose peers
+are gone can itself block.
+
+Fault injection: ``PARATRAIN_FAULT=kill:RANK:STEP`` makes global rank RANK kill itself with
+SIGKILL at the start of step STEP (used by tests/runtime/test_runtime_faults.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Iterator
+
+from paratrain.errors import ConfigError
+
+from .mesh import RendezvousError
+
+__all__ = ["rank_prefix", "log", "fail_and_exit", "explain_failure", "maybe_inject_fault", "guard",
+           "install_sigterm_handler", "FAULT_ENV"]
+
+FAULT_ENV = "PARATRAIN_FAULT"
+
+
+def rank_prefix(rank: int) -> str:
+    return f"[rank {rank}]"
+
+
+def log(rank: int, message: str, *, err: bool = False) -> None:
+    print(f"{rank_prefix(rank)} {message}", file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def fail_and_exit(rank: int, message: str, code: int) -> None:
+    log(rank, f"error: {message}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def explain_failure(exc: BaseException, *, phase: str, timeout_s: float) -> str:
+    """One line saying what went wrong during ``phase``, keeping the library's first line as cause."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = str(exc).lower()
+    if "timed out" in low or "timeout" in low or isinstance(exc, TimeoutError):
+        reason = f"no answer from a peer rank within the {timeout_s:g} s timeout (a rank died or hangs)"
+    elif any(k in low for k in ("connection", "closed", "reset by peer", "broken pipe", "peer", "eof")):
+        reason = "a peer rank disconnected (it died or was killed)"
+    else:
+        reason = f"{type(exc).__name__}"
+    return f"job aborted during {phase}: {reason}; cause: {text[:300]}"
+
+
+def maybe_inject_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec.startswith("kill:"):
+        return
+    _, r, s = spec.split(":")
+    if int(r) == rank and int(s) == step:
+        log(rank, f"fault injection: killing this rank at step {step}", err=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install_sigterm_handler(rank: int) -> None:
+    def _handler(signum: int, frame: object) -> None:
+        fail_and_exit(rank, "stopped by the launcher (another rank failed or the job was interrupted)", 143)
+
+    signal.signal(signal.SIGTERM, _handler)
+
+
+class Phase:
+    """What the rank is doing, for the failure message."""
+
+    def __init__(self) -> None:
+        self.name = "start-up"
+
+
+@contextlib.contextmanager
+def guard(rank: int, phase: Phase, timeout_s: float) -> Iterator[None]:
+    """Run a worker's body; any failure becomes one line on stderr and a clean exit code."""
+    try:
+        yield
+    except ConfigError as e:
+        fail_and_exit(rank, str(e), 2)
+    except RendezvousError as e:
+        fail_and_exit(rank, str(e), 1)
+    except KeyboardInterrupt:
+        fail_and_exit(rank, "interrupted", 130)
+    except Exception as e:  # noqa: BLE001 - every error must end the rank with one clear line
+        message = explain_failure(e, phase=phase.name, timeout_s=timeout_s)
+        if not is_communication_failure(e):
+            traceback.print_exc()  # a bug, not a fault: keep the traceback above the summary line
+        fail_and_exit(rank, message, 1)
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+    low = str(exc).lower()
+    return isinstance(exc, kinds + (TimeoutError, ConnectionError)) or any(
+        k in low for k in ("timed out", "timeout", "connection", "closed", "reset by peer", "broken pipe", "gloo",
+                           "nccl"))

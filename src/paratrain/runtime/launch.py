@@ -1,0 +1,113 @@
+"""Launching several local worker processes through torch's elastic launcher (the machinery
+behind ``torchrun``), and the Python entry point :func:`run_training`.
+
+``paratrain train --nproc N`` and :func:`run_training` call :func:`launch`, which starts N workers
+with ``torch.distributed.launcher.api.elastic_launch`` on a free local port (c10d rendezvous on
+127.0.0.1, no restarts) and returns rank 0's per-step metrics. A failed worker makes the agent stop
+the others (each prints why) and :func:`launch` raises :class:`LaunchError` naming the first
+failed rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import ParallelConfig
+from paratrain.spec.model import ModelSpec, resolve_model
+
+from .mesh import check_world_size
+from .train import TrainConfig, validate_run, worker_main
+
+__all__ = ["LaunchError", "TrainResult", "free_port", "launch", "run_training"]
+
+
+class LaunchError(RuntimeError):
+    """A worker failed; ``exit_code`` is the first failed rank's."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Per-step metrics of rank 0 (the global-batch loss is the same on every rank)."""
+
+    rows: tuple[dict[str, Any], ...]
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.rows]
+
+    @property
+    def tokens_per_s(self) -> list[float]:
+        return [r["tokens_per_s"] for r in self.rows]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _elastic_entry(spec_dict: dict[str, Any], config_dict: dict[str, Any], train_dict: dict[str, Any],
+                   threads: int | None) -> list[dict[str, Any]]:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    train_dict = {**train_dict, "betas": tuple(train_dict["betas"])}
+    return worker_main(ModelSpec(**spec_dict), ParallelConfig.from_dict(config_dict), TrainConfig(**train_dict))
+
+
+def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: int,
+           *, threads_per_proc: int | None = None) -> TrainResult:
+    """Run ``nproc`` local workers and return rank 0's metrics (raises :class:`LaunchError`)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    check_world_size(config, nproc)
+    validate_run(spec, config, train)
+    if threads_per_proc is None:
+        # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
+        threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)
+    lc = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"paratrain-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": int(train.timeout_s)},
+        max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1",
+    )
+    try:
+        results = elastic_launch(lc, _elastic_entry)(spec.to_dict(), config.to_dict(), train.to_dict(),
+                                                      threads_per_proc)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode if failure.exitcode is not None else 1
+        # A negative exit code is a signal: -9 is SIGKILL.
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise LaunchError(f"worker rank {rank} {how}; see the [rank N] lines above", 2 if code == 2 else 1) from None
+    return TrainResult(tuple(results[0]))
+
+
+def run_training(model: ModelSpec | str, config: ParallelConfig | None = None, *, steps: int = 20,
+                 nproc: int | None = None, **train_options: Any) -> TrainResult:
+    """Train ``model`` for ``steps`` steps on ``config.world_size`` local processes; returns the metrics.
+
+    ``model`` is a ModelSpec or a preset name/file; ``train_options`` are :class:`TrainConfig`
+    fields (``seed``, ``lr``, ``data``, ``bf16``, ``metrics``, ``trace``, ``progress`` …). Example::
+
+        from paratrain.runtime import run_training
+        result = run_training("gpt-tiny", ParallelConfig(dp=2, tp=2, global_batch=8), steps=10)
+        print(result.losses)
+    """
+    spec = resolve_model(model) if isinstance(model, str) else model
+    config = config if config is not None else ParallelConfig()
+    nproc = config.world_size if nproc is None else nproc
+    if nproc != config.world_size:
+        raise ConfigError("nproc", f"{nproc} processes for a layout of dp({config.dp})*tp({config.tp})*pp({config.pp})"
+                          f"={config.world_size}", f"use nproc={config.world_size}")
+    return launch(spec, config, TrainConfig(steps=steps, **train_options), nproc)

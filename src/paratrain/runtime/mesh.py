@@ -1,0 +1,137 @@
+"""Process group and DeviceMesh from a :class:`ParallelConfig`.
+
+The mesh's dims are the config's ``mesh_order`` (default ``("pp", "dp", "tp")``, outermost to
+innermost), so a rank's mesh coordinate is exactly ``ParallelConfig.coords_of(rank)``: tensor-parallel
+ranks are consecutive, pipeline stages outermost (Megatron-LM's layout). Backend: NCCL when CUDA
+is available, gloo otherwise. The world size is checked against the config before any process
+group exists, with the failing arithmetic in the message (torchtitan's ``parallel_dims.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import ParallelConfig
+from paratrain.spec.model import ModelSpec
+
+__all__ = ["RendezvousError", "RuntimeContext", "check_world_size", "check_model_layout", "init_runtime", "env_world"]
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """Where this process sits: global rank, mesh and its per-axis sub-meshes and coordinates."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    mesh: DeviceMesh
+    config: ParallelConfig
+    timeout_s: float
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.config.coords_of(self.rank)
+
+    def submesh(self, axis: str) -> DeviceMesh:
+        return self.mesh[axis]
+
+    def group(self, axis: str) -> dist.ProcessGroup:
+        return self.mesh.get_group(axis)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords["dp"]
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords["tp"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords["pp"]
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) without one."""
+    return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def check_world_size(config: ParallelConfig, world_size: int) -> None:
+    if config.world_size != world_size:
+        raise ConfigError(
+            "world size",
+            f"dp({config.dp})*tp({config.tp})*pp({config.pp})={config.world_size} != world_size({world_size})",
+            f"launch {config.world_size} processes (--nproc {config.world_size}) or change --dp/--tp/--pp",
+        )
+
+
+def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
+    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
+    config.validate_for(model, even_layers=config.partition is None)
+    if config.tp > 1:
+        if model.num_kv_heads % config.tp:
+            raise ConfigError(
+                "tp", f"tp({config.tp}) does not divide the {model.num_kv_heads} key/value heads",
+                "the runtime shards whole key/value heads: use tp dividing kv_heads",
+            )
+        if model.vocab % config.tp:
+            raise ConfigError(
+                "tp", f"tp({config.tp}) does not divide the vocabulary {model.vocab} (vocabulary-parallel embedding)",
+                f"use --vocab {model.vocab + (-model.vocab) % config.tp} or a tp dividing {model.vocab}",
+            )
+
+
+def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: str | None = None) -> RuntimeContext:
+    """Create the process group and the mesh. Call once per process, after the checks.
+
+    ``timeout_s`` bounds every collective and the rendezvous: a dead peer ends the job with an
+    error instead of a hang (gloo raises when a peer's socket closes, or at the timeout).
+    """
+    rank, world, local_rank = env_world()
+    check_world_size(config, world)
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    backend = "nccl" if use_cuda else "gloo"
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if world == 1 and "MASTER_PORT" not in os.environ:
+            # Alone: an in-memory store, no port to collide with other jobs on the machine.
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            _rendezvous(backend, rank, world, timeout, dev if use_cuda else None)
+    shape = tuple(config.axis_size(a) for a in config.mesh_order)
+    mesh = init_device_mesh(dev.type, shape, mesh_dim_names=config.mesh_order)
+    return RuntimeContext(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend,
+                          mesh=mesh, config=config, timeout_s=timeout_s)
+
+
+class RendezvousError(RuntimeError):
+    """The process group could not be formed within the timeout."""
+
+
+def _rendezvous(backend: str, rank: int, world: int, timeout: datetime.timedelta,
+                device_id: torch.device | None) -> None:
+    addr = os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.setdefault("MASTER_PORT", "29500")
+    try:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout, device_id=device_id)
+    except Exception as e:  # noqa: BLE001 - store and network errors differ between torch versions
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if rank == 0:
+            what = f"not all {world} ranks joined the rendezvous at {addr}:{port}"
+        else:
+            what = f"cannot reach the rendezvous at {addr}:{port}"
+        raise RendezvousError(f"{what} within {timeout.total_seconds():g} s (check MASTER_ADDR/MASTER_PORT, "
+                              f"that rank 0 runs and every rank was launched); cause: {cause[:200]}") from e

@@ -1,0 +1,94 @@
+"""Tensor parallelism through DTensor: a parallelization plan per model, applied with
+``torch.distributed.tensor.parallel.parallelize_module`` (Megatron-LM's split, Shoeybi et al. 2019).
+
+Placements (SBP names in brackets, as the planner uses them):
+- Q/K/V projections and the first FFN matrices (and the SwiGLU gate): ``ColwiseParallel`` —
+  weight ``Shard(0)`` [split(0)], output sharded over heads / FFN columns.
+- attention output and second FFN matrix: ``RowwiseParallel`` — weight ``Shard(1)``, partial
+  sums reduced to ``Replicate()`` [broadcast] by one all-reduce per block half.
+- token embedding: vocabulary-parallel (``RowwiseParallel`` on an Embedding shards the ``[V, H]``
+  table on V and all-reduces the partial lookups).
+- output projection: ``ColwiseParallel`` with ``Shard(-1)`` logits kept as a DTensor, consumed by
+  ``loss_parallel()`` (vocabulary-parallel cross-entropy: no rank ever holds ``[B, S, V]``).
+  A tied projection shares the embedding's ``Shard(0)`` table: both shard the same ``[V, H]``
+  matrix on V, so one DTensor Parameter serves both.
+- norms, positions and BERT's MLM transform stay replicated (small).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+from .models.base import ModelChunk, TransformerLM
+
+__all__ = ["apply_tensor_parallel", "loss_context", "block_plan"]
+
+
+def block_plan(swiglu: bool) -> dict[str, object]:
+    plan: dict[str, object] = {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(),
+        "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(),
+    }
+    if swiglu:
+        plan["mlp.gate"] = ColwiseParallel()
+    return plan
+
+
+def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh) -> nn.Module:
+    """Shard ``model`` or a pipeline chunk of it (full weights, same on every rank) in place."""
+    if tp_mesh.size() == 1:
+        return model
+    embed, head = model.embed, model.head
+    tied = embed is not None and head is not None and head.proj.weight is embed.tok.weight
+    plan: dict[str, object] = {}
+    if embed is not None:
+        plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if head is not None:
+        plan["head.proj"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    if plan:
+        parallelize_module(model, tp_mesh, plan)
+    if tied:
+        head.proj.weight = embed.tok.weight  # the embedding's Parameter was replaced by its DTensor shard
+    swiglu = model.blocks[0].mlp.gate is not None
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, block_plan(swiglu))
+    for p in {id(p): p for p in model.parameters()}.values():
+        if isinstance(p, DTensor):
+            p.register_post_accumulate_grad_hook(_grad_like_param)
+    return model
+
+
+def _grad_like_param(p: torch.Tensor) -> None:
+    # The vocabulary-parallel embedding's backward yields a Replicate() gradient for its Shard(0)
+    # table (DTensor's embedding-backward strategy). Give every gradient its parameter's placements
+    # (Replicate -> Shard is a local slice, no communication) so gradient reduction, the norm and
+    # AdamW see the shard this rank owns.
+    g = p.grad
+    if isinstance(g, DTensor) and g.placements != p.placements:
+        p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+@contextlib.contextmanager
+def loss_context(tp: int) -> Iterator[None]:
+    """Wrap the loss *and its backward* in this: vocabulary-parallel cross-entropy when tp > 1."""
+    if tp > 1:
+        with loss_parallel():
+            yield
+    else:
+        yield
