@@ -1,0 +1,381 @@
+"""``paratrain plan``: search the fastest memory-feasible configuration; sweeps; shape advice.
+
+paratrain plan --model gpt3-175b --cluster dgx-a100 --gpus 1024 --global-batch 1536
+paratrain plan --model gpt-1t --gpus 3072 --global-batch 3072 --tp 8 --pp 64 --json
+paratrain plan --model gpt3-13b --gpus 64 --global-batch 512 --sweep gpus=64,128,256 --plot s.png
+paratrain plan --model gpt3-175b --gpus 1024 --global-batch 1536 --advise-shape
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from paratrain.cli.options import (
+    ClusterOpt,
+    DeviceOpt,
+    FfnOpt,
+    GpusOpt,
+    HeadsOpt,
+    HiddenOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqOpt,
+    VocabOpt,
+    print_json,
+    resolve_cluster_opts,
+    resolve_model_opts,
+)
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import Recompute, ScheduleName
+
+__all__ = ["register", "plan_command", "result_document", "candidate_row"]
+
+_P = "Pin (fix a dimension; the rest is searched)"
+_S = "Search"
+
+GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Global batch in samples (sequences).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan", help="Find the fastest memory-feasible parallel configuration.")(plan_command)
+    app.command("advise-shape", help="Nearby model shapes (same parameters ±1%) the GEMM model predicts faster.")(
+        advise_shape_command
+    )
+
+
+def _csv_ints(flag: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(flag, f"{text!r} is not a comma-separated list of integers", "e.g. 13,12,12,11") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ConfigError(flag, f"{text!r} must list positive integers", "e.g. 13,12,12,11")
+    return vals
+
+
+def _schedules(text: str | None) -> tuple[ScheduleName, ...] | None:
+    if text is None:
+        return None
+    out = []
+    for name in text.split(","):
+        try:
+            out.append(ScheduleName(name.strip().lower()))
+        except ValueError:
+            choices = ", ".join(s.value for s in ScheduleName)
+            raise ConfigError("--schedules", f"unknown schedule {name!r}", f"use names among: {choices}") from None
+    return tuple(out)
+
+
+def _enum(cls: Any, flag: str, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return cls(value.lower())
+    except ValueError:
+        raise ConfigError(flag, f"unknown value {value!r}", f"use one of: {', '.join(m.value for m in cls)}") from None
+
+
+def _console() -> Console:
+    # The ranking has 18 columns: give it room when the output is a file or a pipe.
+    c = Console()
+    return c if c.is_terminal and c.width >= 160 else Console(width=190)
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f}"
+
+
+def candidate_row(c: Any) -> dict[str, Any]:
+    """One ranked candidate as a JSON-ready mapping."""
+    m = c.metrics
+    return {
+        "parallel": c.config.to_dict(),
+        "source": c.source,
+        "iteration_time_s": m.iteration_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "samples_per_s": m.samples_per_s,
+        "tflops_per_gpu": m.tflops_per_gpu,
+        "mfu": m.mfu,
+        "bubble_fraction": m.bubble_fraction,
+        "peak_memory_bytes": m.peak_memory_bytes,
+        "exposed_comm_s": m.exposed_comm_s,
+        "analytic_iteration_time_s": c.analytic.iteration_time_s,
+    }
+
+
+def result_document(model: Any, cluster: Any, result: Any) -> dict[str, Any]:
+    """The winner's DESIGN.md keys, the chosen config as a run document, and the ranking."""
+    from paratrain.plan.report import winner_keys
+
+    win = result.winner
+    doc = winner_keys(win)
+    doc["config"] = {"parallel": win.config.to_dict(), "model": model.to_dict(), "cluster": cluster.to_dict()}
+    doc["candidates"] = [candidate_row(c) for c in result.ranked]
+    doc["rejected"] = dict(sorted(result.rejected.items()))
+    doc["considered"] = result.considered
+    doc["evaluated"] = result.evaluated
+    doc["search_time_s"] = result.search_time_s
+    return doc
+
+
+def _label(c: Any) -> str:
+    cfg = c.config
+    s = cfg.schedule.value + (f"(v={cfg.virtual_stages})" if cfg.virtual_stages > 1 else "")
+    return s
+
+
+def print_ranking(console: Console, result: Any, top: int) -> None:
+    from paratrain.plan.space import REASONS
+
+    t = Table(
+        title=f"Top {min(top, len(result.ranked))} of {result.considered} candidates "
+        f"(searched in {result.search_time_s:.1f} s)"
+    )
+    cols = (
+        "#",
+        "dp",
+        "tp",
+        "pp",
+        "mb",
+        "schedule",
+        "recomp",
+        "sp",
+        "zero",
+        "mesh",
+        "tokens/s",
+        "TFLOP/s/GPU",
+        "MFU",
+        "iter s",
+        "peak GiB",
+        "bubble %",
+        "exp. comm s",
+        "by",
+    )
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("schedule", "recomp", "mesh", "by") else "right")
+    for i, c in enumerate(result.ranked[:top], 1):
+        cfg, m = c.config, c.metrics
+        t.add_row(
+            str(i),
+            str(cfg.dp),
+            str(cfg.tp),
+            str(cfg.pp),
+            str(cfg.microbatch),
+            _label(c),
+            cfg.recompute.value,
+            "y" if cfg.sequence_parallel else "n",
+            "y" if cfg.optimizer_sharding else "n",
+            ",".join(cfg.mesh_order),
+            f"{m.tokens_per_s:,.0f}",
+            f"{m.tflops_per_gpu:.1f}",
+            f"{100 * m.mfu:.1f}%",
+            f"{m.iteration_time_s:.3f}",
+            _gib(m.peak_memory_bytes),
+            f"{100 * m.bubble_fraction:.1f}",
+            f"{m.exposed_comm_s:.3f}",
+            c.source,
+        )
+    console.print(t)
+    rej = Table(title="Rejected candidates")
+    rej.add_column("reason")
+    rej.add_column("count", justify="right")
+    for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]):
+        rej.add_row(REASONS.get(k, k), f"{v:,}")
+    console.print(rej)
+
+
+def print_winner(console: Console, model: Any, cluster: Any, result: Any) -> None:
+    from paratrain.plan.report import winner_breakdown
+
+    console.print("[bold]Winner[/bold]")
+    for k, v in winner_breakdown(model, cluster, result.winner):
+        console.print(f"  {k:<28} {v}")
+
+
+def plan_command(
+    model: ModelOpt,
+    global_batch: GlobalBatchOpt,
+    cluster: ClusterOpt = "dgx-a100",
+    device: DeviceOpt = None,
+    nodes: NodesOpt = None,
+    gpus: GpusOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn: FfnOpt = None,
+    seq: SeqOpt = None,
+    vocab: VocabOpt = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree.", rich_help_panel=_P)] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_P)] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)] = None,
+    microbatch: Annotated[
+        int | None, typer.Option("--microbatch", help="Micro-batch size.", rich_help_panel=_P)
+    ] = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="Pipeline schedule.", rich_help_panel=_P)] = None,
+    virtual_stages: Annotated[
+        int | None, typer.Option("--virtual-stages", help="Chunks per rank (interleaved).", rich_help_panel=_P)
+    ] = None,
+    recompute: Annotated[
+        str | None, typer.Option("--recompute", help="none | selective | full.", rich_help_panel=_P)
+    ] = None,
+    sequence_parallel: Annotated[
+        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", rich_help_panel=_P)
+    ] = None,
+    optimizer_sharding: Annotated[
+        bool | None, typer.Option("--optimizer-sharding/--no-optimizer-sharding", rich_help_panel=_P)
+    ] = None,
+    mesh_order: Annotated[
+        str | None, typer.Option("--mesh-order", help="Mesh axes outermost first, e.g. pp,dp,tp.", rich_help_panel=_P)
+    ] = None,
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="Layers per chunk, e.g. 13,12,12,11.", rich_help_panel=_P)
+    ] = None,
+    schedules: Annotated[
+        str | None,
+        typer.Option("--schedules", help="Schedules to search (default: synchronous ones).", rich_help_panel=_S),
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Rows in the ranking.", rich_help_panel=_S)] = 10,
+    confirm: Annotated[
+        int, typer.Option("--confirm", help="Candidates the simulator confirms.", rich_help_panel=_S)
+    ] = 5,
+    simulate: Annotated[
+        bool, typer.Option("--simulate/--no-simulate", help="Confirm with the simulator.", rich_help_panel=_S)
+    ] = True,
+    memory_limit_gib: Annotated[
+        float | None,
+        typer.Option("--memory-limit", help="Usable GiB per GPU (default: device memory).", rich_help_panel=_S),
+    ] = None,
+    tp_across_nodes: Annotated[
+        bool, typer.Option("--tp-across-nodes", help="Allow tp larger than a node.", rich_help_panel=_S)
+    ] = False,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="gpus=64,128,... | batch=... | seq=...: plan at each value.", rich_help_panel=_S),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Sweep: PNG of throughput and MFU.", rich_help_panel=_S)
+    ] = None,
+    table_out: Annotated[Path | None, typer.Option("--table", help="Sweep: CSV table.", rich_help_panel=_S)] = None,
+    advise_shape: Annotated[
+        bool, typer.Option("--advise-shape", help="Also report faster nearby model shapes.", rich_help_panel=_S)
+    ] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the winner as a run document.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.plan.search import plan
+    from paratrain.plan.space import DEFAULT_SCHEDULES, Pins
+
+    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    clus = resolve_cluster_opts(cluster, device, nodes, gpus)
+    for flag, val in (("--top", top), ("--confirm", confirm)):
+        if val < 1:
+            raise ConfigError(flag, f"must be at least 1, got {val}", f"e.g. {flag} 5")
+    if memory_limit_gib is not None and memory_limit_gib <= 0:
+        raise ConfigError("--memory-limit", f"must be positive, got {memory_limit_gib}", "give GiB per GPU")
+    order = tuple(a.strip() for a in mesh_order.split(",")) if mesh_order else None
+    pins = Pins(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        microbatch=microbatch,
+        schedule=_enum(ScheduleName, "--schedule", schedule),
+        virtual_stages=virtual_stages,
+        recompute=_enum(Recompute, "--recompute", recompute),
+        sequence_parallel=sequence_parallel,
+        optimizer_sharding=optimizer_sharding,
+        mesh_order=order,
+        partition=_csv_ints("--partition", partition),
+        schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
+        tp_across_nodes=tp_across_nodes,
+    )
+    limit = memory_limit_gib * 2**30 if memory_limit_gib else None
+    from paratrain.plan.backend import default_backend
+
+    backend = default_backend()
+    if not simulate:
+        backend = type(backend)(backend.chunk_costs, backend.collective_time, backend.model_flops, None)
+    kwargs = dict(pins=pins, top=top, confirm=confirm, backend=backend, memory_limit_bytes=limit)
+
+    if sweep is not None:
+        from paratrain.cli.plan_sweep import run_sweep
+
+        run_sweep(spec, clus, global_batch, sweep, kwargs, plot=plot, table_out=table_out, json_out=json_out)
+        return
+
+    console = _console()
+    progress_console = Console(file=sys.stderr)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("searching"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=progress_console,
+        transient=True,
+        disable=not progress_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+        result = plan(spec, clus, global_batch, progress=lambda d, t: bar.update(task, completed=d, total=t), **kwargs)
+    doc = result_document(spec, clus, result)
+    if advise_shape:
+        from paratrain.plan.shape import advise
+
+        doc["shape_advice"] = [
+            a.to_dict()
+            for a in advise(spec, clus.device, tp=result.winner.config.tp, microbatch=result.winner.config.microbatch)
+        ]
+    if output is not None:
+        import json
+
+        output.write_text(json.dumps({"config": doc["config"]}, indent=2) + "\n")
+    if json_out:
+        print_json(doc)
+        return
+    print_ranking(console, result, top)
+    print_winner(console, spec, clus, result)
+    if advise_shape:
+        from paratrain.cli.plan_sweep import print_advice
+
+        print_advice(console, spec, doc["shape_advice"])
+    if output is not None:
+        console.print(f"wrote {output} (use: paratrain simulate --config {output})")
+
+
+def advise_shape_command(
+    model: ModelOpt,
+    cluster: ClusterOpt = "dgx-a100",
+    device: DeviceOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn: FfnOpt = None,
+    seq: SeqOpt = None,
+    vocab: VocabOpt = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the layers run at.")] = 1,
+    microbatch: Annotated[int, typer.Option("--microbatch", help="Micro-batch size.")] = 1,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.cli.plan_sweep import print_advice
+    from paratrain.plan.shape import advise
+
+    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    clus = resolve_cluster_opts(cluster, device)
+    rows = [a.to_dict() for a in advise(spec, clus.device, tp=tp, microbatch=microbatch)]
+    if json_out:
+        print_json({"model": spec.to_dict(), "params": spec.param_count(), "shapes": rows})
+        return
+    print_advice(_console(), spec, rows)

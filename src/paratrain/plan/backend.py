@@ -1,0 +1,145 @@
+"""What the planner asks of the cost model and the simulator, behind one replaceable object.
+
+Tests inject fake cost functions through :class:`CostBackend`; the default binds
+:mod:`paratrain.cost` and :mod:`paratrain.sim`. This module also turns chunk costs into the
+inputs of the closed forms (:class:`~paratrain.plan.analytic.PipelineInputs`), with the
+communication times looked up for the ranks each group actually occupies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from paratrain.cost.types import ChunkCost, CollectiveCost
+from paratrain.parallel.config import ParallelConfig, ScheduleName
+from paratrain.plan.analytic import PipelineInputs, RankStats, chimera_extra_bytes
+from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.model import ModelSpec
+
+__all__ = ["CostBackend", "default_backend", "pipeline_inputs", "optimizer_step_s", "dp_group"]
+
+ChunkCostsFn = Callable[[ModelSpec, ClusterSpec, ParallelConfig], Sequence[ChunkCost]]
+CollectiveFn = Callable[..., CollectiveCost]
+
+
+def optimizer_step_s(weight_bytes: float, grad_bytes: float, optimizer_bytes: float, cluster: ClusterSpec) -> float:
+    """Mixed-precision Adam is memory-bound: it reads the gradients, reads and writes the optimizer
+    state (fp32 master weights and both moments) and writes the weights once per step; time =
+    bytes moved / HBM bandwidth (the accounting of :func:`paratrain.sim.timing_for_config`)."""
+    return (weight_bytes + grad_bytes + 2 * optimizer_bytes) / cluster.device.memory_bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class CostBackend:
+    """The functions the planner calls. ``simulate`` may be ``None`` (analytic ranking only)."""
+
+    chunk_costs: ChunkCostsFn
+    collective_time: CollectiveFn
+    model_flops: Callable[[ModelSpec, int], float]
+    simulate: Callable[..., Any] | None = None
+    optimizer_time: Callable[[float, float, float, ClusterSpec], float] = optimizer_step_s
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def default_backend() -> CostBackend:
+    """The real cost model and simulator."""
+    from paratrain.cost.collectives import collective_time
+    from paratrain.cost.compute import model_flops_per_iteration
+    from paratrain.cost.stage import chunk_costs
+
+    try:
+        from paratrain.sim import simulate_config
+    except ImportError:  # the simulator is optional for analytic-only planning
+        simulate_config = None
+    return CostBackend(
+        chunk_costs=chunk_costs,
+        collective_time=collective_time,
+        model_flops=model_flops_per_iteration,
+        simulate=simulate_config,
+    )
+
+
+def dp_group(config: ParallelConfig, stage: int) -> tuple[int, ...]:
+    """Global ranks of the data-parallel group of pipeline rank ``stage`` (tensor rank 0).
+
+    Ranks are mixed-radix numbers over ``mesh_order`` (outermost first), so the group is an
+    arithmetic progression with the data-parallel axis's stride.
+    """
+    stride = 1
+    for axis in reversed(config.mesh_order):
+        if axis == "dp":
+            break
+        stride *= config.axis_size(axis)
+    base = config.rank_of(pp=stage)
+    return tuple(range(base, base + config.dp * stride, stride))
+
+
+def _collective(backend: CostBackend, cluster: ClusterSpec, kind: str, nbytes: float, ranks: tuple[int, ...]) -> float:
+    if len(ranks) <= 1 or nbytes <= 0:
+        return 0.0
+    key = ("coll", kind, int(nbytes), ranks if len(ranks) <= 2 else (len(ranks), ranks[0], ranks[1]))
+    hit = backend.cache.get(key)
+    if hit is None:
+        hit = backend.collective_time(kind, nbytes, ranks, cluster).time_s
+        backend.cache[key] = hit
+    return hit
+
+
+def pipeline_inputs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    chunks: Sequence[ChunkCost],
+    backend: CostBackend,
+    *,
+    overlap_grad_reduce: bool = True,
+    stats: RankStats | None = None,
+) -> PipelineInputs:
+    """Communication and optimizer times of one candidate, from its chunk costs.
+
+    Every stage's data-parallel group is a shifted copy of stage 0's (ranks are a mixed-radix
+    number over the mesh axes), so it occupies the nodes the same way and costs the same; stage
+    0's group is costed for all.
+    """
+    p, v = config.pp, config.virtual_stages
+    n = p * v
+    p2p = 0.0
+    if p > 1:
+        # The slowest neighbour pair sets the pace: a pair on two nodes whenever there is one.
+        pairs = [(config.rank_of(pp=s), config.rank_of(pp=s + 1)) for s in range(min(p - 1, 2))]
+        pairs.sort(key=lambda pr: cluster.node_of(pr[0]) == cluster.node_of(pr[1]))
+        p2p = _collective(backend, cluster, "p2p", chunks[0].p2p_bytes, pairs[0])
+    group = dp_group(config, 0)
+    if config.schedule is ScheduleName.CHIMERA and p > 1:
+        # The two replicas' copies of a stage live on ranks r and p-1-r: their data-parallel
+        # groups reduce together.
+        group = tuple(sorted(group + dp_group(config, p - 1)))
+    # Under optimizer-state sharding the reduction is a reduce-scatter of the gradients and an
+    # all-gather of the updated parameters (ZeRO-1, Rajbhandari et al. 2020), both on the
+    # communication stream.
+    grad = []
+    for ck in chunks:
+        if config.optimizer_sharding:
+            t = _collective(backend, cluster, "reduce_scatter", ck.grad_reduce_bytes, group) + _collective(
+                backend, cluster, "all_gather", ck.weight_bytes, group
+            )
+        else:
+            t = _collective(backend, cluster, "all_reduce", ck.grad_reduce_bytes, group)
+        grad.append(t)
+    gather = [0.0] * n
+    st = stats if stats is not None else RankStats.of(chunks, p)
+    opt = [backend.optimizer_time(st.weight[r], st.grad[r], st.optimizer[r], cluster) for r in range(p)]
+    extra = chimera_extra_bytes(config, st)
+    if extra:
+        opt = [o + opt[p - 1 - r] for r, o in enumerate(opt)]
+    return PipelineInputs(
+        stats=st,
+        p2p_s=p2p,
+        grad_reduce_s=tuple(grad),
+        param_gather_s=tuple(gather),
+        optimizer_s=tuple(opt),
+        overlap_grad_reduce=overlap_grad_reduce,
+        extra_static_bytes=extra,
+    )

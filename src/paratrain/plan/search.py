@@ -1,0 +1,500 @@
+"""Find the fastest memory-feasible configuration.
+
+Two speeds: closed forms (:mod:`paratrain.plan.analytic`) rank every candidate of the search
+space (:mod:`paratrain.plan.space`); the best are re-partitioned with the balancing partitioner
+(:mod:`paratrain.plan.partition`) and the discrete-event simulator confirms the top ``confirm``.
+The winner is the fastest candidate the simulator found memory-feasible.
+
+Pruning: micro-batch sizes are walked upward and the walk stops at the first that runs out of
+memory (activation memory only grows with the micro-batch); chunk costs are cached on what they
+depend on, so the schedule and mesh-order variants of one layout share them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from paratrain.cost.types import ChunkCost
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
+from paratrain.plan.analytic import (
+    Estimate,
+    RankStats,
+    chimera_extra_bytes,
+    estimate,
+    ideal_time_s,
+    inflight_per_chunk,
+    memory_by_rank,
+)
+from paratrain.plan.backend import CostBackend, default_backend, pipeline_inputs
+from paratrain.plan.partition import LayerCost, partition_fast
+from paratrain.plan.space import (
+    Layout,
+    Pins,
+    Rejections,
+    layouts,
+    microbatches,
+    schedule_rule_ok,
+    variants,
+)
+from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.model import ModelSpec
+
+__all__ = ["Candidate", "PlanResult", "plan", "evaluate", "Metrics"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Throughput figures of one prediction (the DESIGN.md keys)."""
+
+    iteration_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    peak_memory_bytes: float
+    exposed_comm_s: float
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        config: ParallelConfig,
+        flops: float,
+        t_s: float,
+        bubble: float,
+        peak: float,
+        exposed: float,
+    ) -> Metrics:
+        gb = config.global_batch or 1
+        world = config.world_size
+        return cls(
+            iteration_time_s=t_s,
+            tokens_per_s=gb * model.seq / t_s,
+            samples_per_s=gb / t_s,
+            tflops_per_gpu=flops / (t_s * world) / 1e12,
+            mfu=flops / (t_s * world * cluster.device.peak_flops(config.dtype)),
+            bubble_fraction=bubble,
+            peak_memory_bytes=peak,
+            exposed_comm_s=exposed,
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration: the analytic estimate and, for the top ones, the simulation."""
+
+    config: ParallelConfig
+    estimate: Estimate
+    analytic: Metrics
+    simulated: Any | None = None  # paratrain.sim SimResult
+    simulated_metrics: Metrics | None = None
+
+    @property
+    def metrics(self) -> Metrics:
+        """The simulator's figures where it ran, the closed forms' otherwise."""
+        return self.simulated_metrics or self.analytic
+
+    @property
+    def source(self) -> str:
+        return "sim" if self.simulated is not None else "analytic"
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    ranked: tuple[Candidate, ...]  # best first
+    evaluated: int  # candidates whose cost was computed
+    considered: int  # candidates in the search space, rejected ones included
+    rejected: dict[str, int]
+    search_time_s: float
+    capacity_bytes: float
+
+    @property
+    def winner(self) -> Candidate:
+        return self.ranked[0]
+
+
+def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple:
+    # Chunk costs do not depend on the schedule, nor on the mesh order while tensor-parallel
+    # groups stay inside one node.
+    tp_inner = config.mesh_order[-1] == "tp" and config.tp <= cluster.devices_per_node
+    return (
+        "chunks",
+        config.dp,
+        config.tp,
+        config.pp,
+        config.virtual_stages,
+        config.microbatch,
+        config.recompute,
+        config.sequence_parallel,
+        config.optimizer_sharding,
+        config.partition,
+        config.dtype,
+        None if tp_inner else config.mesh_order,
+        config.schedule is ScheduleName.ZB_H1,
+    )
+
+
+def _chunks(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend
+) -> Sequence[ChunkCost]:
+    key = _cost_key(config, cluster)
+    hit = backend.cache.get(key)
+    if hit is None:
+        hit = tuple(backend.chunk_costs(model, cluster, config))
+        backend.cache[key] = hit
+    return hit
+
+
+def _stats(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend) -> RankStats:
+    key = ("stats", *_cost_key(config, cluster))
+    hit = backend.cache.get(key)
+    if hit is None:
+        hit = RankStats.of(_chunks(model, cluster, config, backend), config.pp)
+        backend.cache[key] = hit
+    return hit
+
+
+def evaluate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    backend: CostBackend,
+    flops: float,
+    *,
+    overlap_grad_reduce: bool = True,
+) -> Candidate:
+    """Analytic estimate of one configuration."""
+    key = (_cost_key(config, cluster), config.mesh_order, config.schedule is ScheduleName.CHIMERA, overlap_grad_reduce)
+    inputs = backend.cache.get(key)
+    if inputs is None:
+        chunks = _chunks(model, cluster, config, backend)
+        inputs = pipeline_inputs(
+            model,
+            cluster,
+            config,
+            chunks,
+            backend,
+            overlap_grad_reduce=overlap_grad_reduce,
+            stats=_stats(model, cluster, config, backend),
+        )
+        backend.cache[key] = inputs
+    est = estimate(config, inputs)
+    metrics = Metrics.of(
+        model,
+        cluster,
+        config,
+        flops,
+        est.iteration_time_s,
+        est.bubble_fraction,
+        est.peak_memory_bytes,
+        est.exposed_comm_s,
+    )
+    return Candidate(config=config, estimate=est, analytic=metrics)
+
+
+def _even_partition(model: ModelSpec, config: ParallelConfig) -> tuple[int, ...] | None:
+    """``None`` when the chunks split the layers evenly, else the near-even split made explicit."""
+    if model.layers % config.num_chunks == 0:
+        return None
+    return config.layers_per_chunk(model.layers)
+
+
+def _layer_list(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend
+) -> list[LayerCost]:
+    """Per-layer costs (embedding folded into the first layer, the head into the last) measured
+    by probing the cost model with one-layer end chunks."""
+    n, layers = config.num_chunks, model.layers
+
+    def probe(part: tuple[int, ...]) -> Sequence[ChunkCost]:
+        return _chunks(model, cluster, replace(config, partition=part), backend)
+
+    def cost(ck: ChunkCost) -> tuple[float, float, float]:
+        return ck.forward_s + ck.backward_s, float(ck.static_bytes), float(ck.activation_bytes)
+
+    if n >= 3:
+        middle = [1] + [0] * (n - 2) + [1]
+        for i in range(layers - 2):
+            middle[1 + i % (n - 2)] += 1
+        ck = probe(tuple(middle))
+        per = tuple(x / middle[1] for x in cost(ck[1]))
+        first, last = cost(ck[0]), cost(ck[-1])
+    else:  # two chunks: the difference of two probes isolates one layer
+        a, b = probe((1, layers - 1)), probe((2, layers - 2))
+        per = tuple(y - x for x, y in zip(cost(a[0]), cost(b[0]), strict=True))
+        first = cost(a[0])
+        last = tuple(x - (layers - 2) * y for x, y in zip(cost(a[1]), per, strict=True))
+    return [LayerCost(*first)] + [LayerCost(*per)] * (layers - 2) + [LayerCost(*last)]
+
+
+def _balanced(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    cand: Candidate,
+    backend: CostBackend,
+    capacity: float,
+    flops: float,
+    overlap: bool,
+) -> Candidate:
+    """The candidate with the time-balancing partition, if that is faster and fits."""
+    config = cand.config
+    if config.num_chunks < 2 or model.layers < 3:
+        return cand
+    units = _layer_list(model, cluster, config, backend)
+    v = config.virtual_stages
+    budget = capacity if v == 1 else None  # several chunks share a rank's memory: checked after
+    part = partition_fast(units, config.num_chunks, memory_budget_bytes=budget, inflight=inflight_per_chunk(config))
+    if part is None or part.layers == config.layers_per_chunk(model.layers):
+        return cand
+    trial = evaluate(
+        model, cluster, replace(config, partition=part.layers), backend, flops, overlap_grad_reduce=overlap
+    )
+    if (
+        trial.estimate.peak_memory_bytes <= capacity
+        and trial.analytic.iteration_time_s < cand.analytic.iteration_time_s
+    ):
+        return trial
+    return cand
+
+
+def _simulated(
+    model: ModelSpec, cluster: ClusterSpec, cand: Candidate, backend: CostBackend, flops: float, overlap: bool
+) -> Candidate:
+    assert backend.simulate is not None
+    res = backend.simulate(model, cluster, cand.config, overlap_grad_reduce=overlap)
+    # The simulator reports communication time by kind, not what of it was hidden: the exposed
+    # share stays the closed forms'.
+    exposed = cand.analytic.exposed_comm_s
+    m = Metrics(
+        iteration_time_s=res.iteration_time_s,
+        tokens_per_s=res.tokens_per_s,
+        samples_per_s=res.samples_per_s,
+        tflops_per_gpu=res.tflops_per_gpu,
+        mfu=res.mfu,
+        bubble_fraction=res.bubble_fraction,
+        peak_memory_bytes=res.peak_memory_bytes,
+        exposed_comm_s=exposed,
+    )
+    return replace(cand, simulated=res, simulated_metrics=m)
+
+
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch: int,
+    *,
+    pins: Pins | None = None,
+    top: int = 10,
+    confirm: int = 5,
+    refine: int = 30,
+    backend: CostBackend | None = None,
+    progress: Progress | None = None,
+    memory_limit_bytes: float | None = None,
+    overlap_grad_reduce: bool = True,
+) -> PlanResult:
+    """Search the configurations of ``model`` on all of ``cluster``'s devices.
+
+    Raises:
+        ConfigError: no configuration divides the batch, or none fits in memory (the message says
+            how much memory the leanest configuration needs and the smallest GPU count that fits).
+    """
+    start = time.perf_counter()
+    pins = pins or Pins()
+    backend = backend or default_backend()
+    if not isinstance(global_batch, int) or global_batch <= 0:
+        raise ConfigError(
+            "--global-batch", f"must be a positive integer, got {global_batch!r}", "e.g. --global-batch 512"
+        )
+    capacity = float(memory_limit_bytes or cluster.device.memory_bytes)
+    flops = backend.model_flops(model, global_batch)
+    rejected = Rejections()
+    grid: list[tuple[Layout, list[int], list[dict]]] = []
+    for lay in layouts(model, cluster, global_batch, pins, rejected):
+        mbs = microbatches(global_batch, lay, pins, rejected)
+        if mbs:
+            grid.append((lay, mbs, list(variants(model, global_batch, lay, pins))))
+    total = sum(len(m) * len(v) for _, m, v in grid)
+    considered = total + sum(rejected.counts.values())
+    if not grid:
+        _no_layout(model, cluster, global_batch, pins, rejected)
+
+    done = 0
+    keep = max(refine, confirm, top)
+    best: list[tuple[float, int, Candidate]] = []  # max-heap (negated time) of the `keep` fastest
+    leanest: tuple[float, ParallelConfig] | None = None
+    feasible: list[tuple[float, int, ParallelConfig]] = []
+    for _lay, mbs, kws in grid:
+        for kw in kws:
+            for i, mb in enumerate(mbs):
+                done += 1
+                if progress is not None and done % 512 == 0:
+                    progress(done, total)
+                m = global_batch // (kw["dp"] * mb)
+                if not schedule_rule_ok(kw["schedule"], kw["pp"], kw["virtual_stages"], m):
+                    rejected.add("schedule_rule")
+                    continue
+                config = ParallelConfig(**kw, microbatch=mb)
+                if pins.partition is not None:
+                    config = replace(config, partition=pins.partition)
+                elif (part := _even_partition(model, config)) is not None:
+                    config = replace(config, partition=part)
+                st = _stats(model, cluster, config, backend)
+                peak = max(memory_by_rank(config, st, chimera_extra_bytes(config, st)))
+                if peak > capacity:
+                    if leanest is None or peak < leanest[0]:
+                        leanest = (peak, config)
+                    # Larger micro-batches hold more activations: they cannot fit either.
+                    rejected.add("out_of_memory", len(mbs) - i)
+                    done += len(mbs) - i - 1
+                    break
+                feasible.append((ideal_time_s(config, st), done, config))
+    # Branch and bound: no schedule beats the busiest rank's compute. Evaluate in order of that
+    # bound and stop once it exceeds the slowest of the `keep` best found.
+    feasible.sort(key=lambda x: (x[0], x[1]))
+    for j, (bound, _, config) in enumerate(feasible):
+        if len(best) >= keep and bound >= -best[0][0]:
+            rejected.add("slower_than_top", len(feasible) - j)
+            break
+        cand = evaluate(model, cluster, config, backend, flops, overlap_grad_reduce=overlap_grad_reduce)
+        item = (-cand.analytic.iteration_time_s, j, cand)
+        if len(best) < keep:
+            heapq.heappush(best, item)
+        elif item > best[0]:
+            heapq.heapreplace(best, item)
+    if progress is not None:
+        progress(total, total)
+    results = [c for _, _, c in sorted(best, reverse=True)]
+    evaluated = total - rejected.counts.get("schedule_rule", 0)
+    if not results:
+        _nothing_fits(model, cluster, global_batch, rejected, leanest, capacity)
+
+    results.sort(key=lambda c: c.analytic.iteration_time_s)
+    head = results[:keep]
+    if pins.partition is None:
+        head = [_balanced(model, cluster, c, backend, capacity, flops, overlap_grad_reduce) for c in head]
+        head.sort(key=lambda c: c.analytic.iteration_time_s)
+    confirmed: list[Candidate] = []
+    rest = list(head)
+    if backend.simulate is not None:
+        tried = 0
+        queue = list(rest)
+        rest = []
+        while queue and len(confirmed) < confirm and tried < 4 * confirm:
+            cand = queue.pop(0)
+            tried += 1
+            sim = _simulated(model, cluster, cand, backend, flops, overlap_grad_reduce)
+            if sim.simulated_metrics is not None and sim.simulated_metrics.peak_memory_bytes > capacity:
+                rejected.add("simulator_out_of_memory")
+                continue
+            confirmed.append(sim)
+        rest = queue
+        if not confirmed:
+            _nothing_fits(model, cluster, global_batch, rejected, leanest, capacity)
+    confirmed.sort(key=lambda c: c.metrics.iteration_time_s)
+    ranked = tuple(_distinct(confirmed + rest))[: max(top, len(confirmed))]
+    return PlanResult(
+        ranked=ranked,
+        evaluated=evaluated,
+        considered=considered,
+        rejected=dict(rejected.counts),
+        search_time_s=time.perf_counter() - start,
+        capacity_bytes=capacity,
+    )
+
+
+def _distinct(cands: list[Candidate]) -> list[Candidate]:
+    """Drop candidates that differ from a better one only in mesh order and predict the same:
+    the ranking should show different choices, not the same one twice."""
+    seen: set[tuple] = set()
+    out = []
+    for c in cands:
+        cfg = c.config
+        key = (
+            replace(cfg, mesh_order=("pp", "dp", "tp")),
+            round(c.metrics.iteration_time_s, 9),
+            round(c.metrics.peak_memory_bytes),
+        )
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+    return out
+
+
+def _no_layout(model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: Pins, rejected: Rejections) -> None:
+    counts = rejected.counts
+    world = cluster.num_devices
+    if counts.get("batch_indivisible"):
+        raise ConfigError(
+            "--global-batch",
+            f"no dp × micro-batch of {world} GPUs divides the global batch {global_batch}"
+            + (f" with micro-batch {pins.microbatch}" if pins.microbatch else ""),
+            "use a global batch with more factors of two (e.g. a multiple of the GPU count)",
+        )
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "the pins exclude every layout"
+    raise ConfigError(
+        "--gpus",
+        f"no dp × tp × pp layout of {world} GPUs fits {model.name} ({reasons})",
+        "change the pinned degrees or the GPU count",
+    )
+
+
+def _nothing_fits(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch: int,
+    rejected: Rejections,
+    leanest: tuple[float, ParallelConfig] | None,
+    capacity: float,
+) -> None:
+    if rejected.counts.get("out_of_memory") or rejected.counts.get("simulator_out_of_memory"):
+        need = leanest[0] if leanest is not None else float("nan")
+        hint = _smallest_fitting_gpus(model, cluster, global_batch, capacity)
+        fix = f"use at least {hint} GPUs" if hint else "use devices with more memory"
+        raise ConfigError(
+            "--gpus",
+            f"{model.name} fits no configuration on {cluster.num_devices} × {cluster.device.name}: the leanest needs"
+            f" {need / 2**30:.1f} GiB per GPU, the device has {capacity / 2**30:.1f} GiB",
+            fix,
+        )
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.counts.items()))
+    raise ConfigError(
+        "--schedule",
+        f"no candidate satisfies the schedules' rules ({reasons})",
+        "pin another schedule or change the global batch",
+    )
+
+
+def _smallest_fitting_gpus(model: ModelSpec, cluster: ClusterSpec, global_batch: int, capacity: float) -> int | None:
+    """Double the GPU count until the leanest layout (full recomputation, sharded optimizer state,
+    micro-batch 1, 1F1B) fits; a memory-only check, so cheap."""
+    backend = default_backend()
+    gpus = cluster.num_devices
+    for _ in range(12):
+        gpus *= 2
+        try:
+            big = cluster.resized(gpus=gpus)
+        except ConfigError:
+            return None
+        pins = Pins(microbatch=1, recompute=Recompute.FULL, optimizer_sharding=True, schedule=ScheduleName.ONE_F_ONE_B)
+        rej = Rejections()
+        for lay in layouts(model, big, global_batch, pins, rej):
+            if global_batch % lay.dp:
+                continue
+            for kw in variants(model, global_batch, lay, pins):
+                config = ParallelConfig(**kw, microbatch=1)
+                part = _even_partition(model, config)
+                config = replace(config, partition=part) if part else config
+                st = _stats(model, big, config, backend)
+                if max(memory_by_rank(config, st, chimera_extra_bytes(config, st))) <= capacity:
+                    return gpus
+    return None

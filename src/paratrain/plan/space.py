@@ -1,0 +1,252 @@
+"""The search space: every way to lay a model out on a cluster, with any dimension pinned.
+
+Dimensions: data × tensor × pipeline parallel degrees (a factorization of the GPU count; tensor
+parallelism as Megatron's column/row placements, with or without sequence parallelism),
+micro-batch size, pipeline schedule and its virtual stages, recomputation, optimizer-state
+sharding and the order of mesh axes on the nodes. Candidates that cannot run are counted by
+reason instead of being silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from paratrain.errors import ConfigError
+from paratrain.parallel.config import AXES, ParallelConfig, Recompute, ScheduleName
+from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.model import ModelSpec
+
+__all__ = [
+    "Pins",
+    "Layout",
+    "Rejections",
+    "DEFAULT_SCHEDULES",
+    "REASONS",
+    "divisors",
+    "layouts",
+    "variants",
+]
+
+# Synchronous schedules searched by default. The asynchronous ones (PipeDream, 2BW) change the
+# optimizer's semantics (stale weights), so they are considered only when asked for by name.
+DEFAULT_SCHEDULES = (
+    ScheduleName.ONE_F_ONE_B,
+    ScheduleName.INTERLEAVED,
+    ScheduleName.GPIPE,
+    ScheduleName.ZB_H1,
+    ScheduleName.CHIMERA,
+)
+
+# Rejection reasons, in the order the table prints them.
+REASONS = {
+    "tp_indivisible": "tp does not divide heads / kv-heads / FFN",
+    "pp_exceeds_layers": "more pipeline chunks than layers",
+    "batch_indivisible": "global batch not divisible by dp × micro-batch",
+    "schedule_rule": "schedule's rule on stages / micro-batches violated",
+    "tp_crosses_nodes": "tensor parallel group larger than a node",
+    "out_of_memory": "peak memory above device memory",
+    "slower_than_top": "busiest rank's compute alone slower than the best found",
+    "simulator_out_of_memory": "simulator found peak memory above device memory",
+}
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Dimensions fixed by the user; ``None`` means searched."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    microbatch: int | None = None
+    schedule: ScheduleName | None = None
+    virtual_stages: int | None = None
+    recompute: Recompute | None = None
+    sequence_parallel: bool | None = None
+    optimizer_sharding: bool | None = None
+    mesh_order: tuple[str, ...] | None = None
+    partition: tuple[int, ...] | None = None
+    schedules: tuple[ScheduleName, ...] = DEFAULT_SCHEDULES
+    max_microbatch: int = 32
+    max_virtual_stages: int = 16
+    tp_across_nodes: bool = False  # allow tensor-parallel groups that leave the node
+
+    def __post_init__(self) -> None:
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", ScheduleName(self.schedule))
+        if self.recompute is not None:
+            object.__setattr__(self, "recompute", Recompute(self.recompute))
+        if self.mesh_order is not None:
+            order = tuple(self.mesh_order)
+            if sorted(order) != sorted(AXES):
+                raise ConfigError("--mesh-order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
+            object.__setattr__(self, "mesh_order", order)
+        if (
+            self.virtual_stages is not None
+            and self.virtual_stages > 1
+            and self.schedule not in (None, ScheduleName.INTERLEAVED)
+        ):
+            raise ConfigError(
+                "--virtual-stages",
+                f"{self.virtual_stages} virtual stages need the interleaved schedule",
+                "use --schedule interleaved or drop --virtual-stages",
+            )
+
+    def fully_pinned(self) -> bool:
+        return None not in (
+            self.dp,
+            self.tp,
+            self.pp,
+            self.microbatch,
+            self.schedule,
+            self.recompute,
+            self.sequence_parallel,
+            self.optimizer_sharding,
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A factorization of the GPU count."""
+
+    dp: int
+    tp: int
+    pp: int
+
+
+@dataclass
+class Rejections:
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.counts[reason] += n
+
+
+def layouts(
+    model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: Pins, rejected: Rejections
+) -> list[Layout]:
+    """Every dp × tp × pp = GPU count that the model's shape allows, rejections counted."""
+    world = cluster.num_devices
+    for name in ("dp", "tp", "pp"):
+        v = getattr(pins, name)
+        if v is not None and world % v:
+            raise ConfigError(
+                f"--{name}", f"{name}({v}) does not divide the {world} GPUs", f"pick a divisor of {world}"
+            )
+    out = []
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            dp = world // (tp * pp)
+            if pins.dp not in (None, dp) or pins.tp not in (None, tp) or pins.pp not in (None, pp):
+                continue
+            kv = model.num_kv_heads
+            if model.heads % tp or model.ffn_size % tp or (kv % tp and tp % kv):
+                rejected.add("tp_indivisible")
+                continue
+            if tp > cluster.devices_per_node and not pins.tp_across_nodes and pins.tp is None:
+                rejected.add("tp_crosses_nodes")
+                continue
+            if pp > model.layers:
+                rejected.add("pp_exceeds_layers")
+                continue
+            if global_batch % dp:
+                rejected.add("batch_indivisible")
+                continue
+            out.append(Layout(dp=dp, tp=tp, pp=pp))
+    return out
+
+
+def microbatches(global_batch: int, layout: Layout, pins: Pins, rejected: Rejections) -> list[int]:
+    """Micro-batch sizes that divide each replica's share of the global batch, ascending."""
+    per_replica = global_batch // layout.dp
+    if pins.microbatch is not None:
+        if per_replica % pins.microbatch:
+            rejected.add("batch_indivisible")
+            return []
+        return [pins.microbatch]
+    return [b for b in divisors(per_replica) if b <= pins.max_microbatch]
+
+
+def _schedule_options(model: ModelSpec, layout: Layout, pins: Pins) -> Iterator[tuple[ScheduleName, int]]:
+    p = layout.pp
+    scheds = (pins.schedule,) if pins.schedule is not None else pins.schedules
+    for s in scheds:
+        if p == 1 and pins.schedule is None and s is not ScheduleName.ONE_F_ONE_B:
+            continue  # with one stage every schedule is the same; keep one
+        if s is ScheduleName.INTERLEAVED:
+            if pins.virtual_stages is not None:
+                yield s, pins.virtual_stages
+                continue
+            for v in range(2, pins.max_virtual_stages + 1):
+                if p * v <= model.layers and model.layers % (p * v) == 0:
+                    yield s, v
+        else:
+            yield s, 1
+
+
+def schedule_rule_ok(schedule: ScheduleName, pp: int, virtual_stages: int, num_microbatches: int) -> bool:
+    """The schedules' own validity rules (issue 3 and the papers)."""
+    if schedule is ScheduleName.INTERLEAVED:
+        # Megatron-LM interleaving: more than one stage, micro-batches a multiple of the stages.
+        return pp > 1 and virtual_stages > 1 and num_microbatches % pp == 0
+    if schedule is ScheduleName.CHIMERA:
+        # Li & Hoefler 2021: an even number of stages, micro-batches in multiples of it.
+        return pp % 2 == 0 and num_microbatches % pp == 0
+    if schedule in (ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.PIPEDREAM, ScheduleName.PIPEDREAM_2BW):
+        return num_microbatches >= 1
+    return True
+
+
+def _mesh_orders(layout: Layout, pins: Pins) -> list[tuple[str, ...]]:
+    if pins.mesh_order is not None:
+        return [pins.mesh_order]
+    # Megatron's default keeps tensor parallel inside a node, data parallel next, stages outermost;
+    # swapping dp and pp puts pipeline neighbours on adjacent nodes and spreads data-parallel
+    # groups instead. Other orders move tensor parallelism off the node and are never faster.
+    orders = [("pp", "dp", "tp")]
+    if layout.dp > 1 and layout.pp > 1:
+        orders.append(("dp", "pp", "tp"))
+    return orders
+
+
+def _bools(pinned: bool | None, allowed: bool) -> list[bool]:
+    if pinned is not None:
+        return [pinned]
+    return [False, True] if allowed else [False]
+
+
+def variants(model: ModelSpec, global_batch: int, layout: Layout, pins: Pins) -> Iterator[dict]:
+    """Keyword sets for :class:`ParallelConfig` of one layout, micro-batch left out (the search
+    walks micro-batch sizes upward and stops at the first that runs out of memory)."""
+    recomputes = [pins.recompute] if pins.recompute is not None else list(Recompute)
+    sps = _bools(pins.sequence_parallel, layout.tp > 1 and model.seq % layout.tp == 0)
+    zeros = _bools(pins.optimizer_sharding, layout.dp > 1)
+    for order in _mesh_orders(layout, pins):
+        for sched, v in _schedule_options(model, layout, pins):
+            for zero in zeros:
+                for sp in sps:
+                    for rc in recomputes:
+                        yield dict(
+                            dp=layout.dp,
+                            tp=layout.tp,
+                            pp=layout.pp,
+                            global_batch=global_batch,
+                            schedule=sched,
+                            virtual_stages=v,
+                            recompute=rc,
+                            sequence_parallel=sp,
+                            optimizer_sharding=zero,
+                            mesh_order=order,
+                            dtype=model.dtype,
+                        )
+
+
+def make_config(kw: dict, microbatch: int, partition: tuple[int, ...] | None = None) -> ParallelConfig:
+    return ParallelConfig(**kw, microbatch=microbatch, partition=partition)
