@@ -75,13 +75,14 @@ def test_hierarchical_against_flat_ring_across_nodes() -> None:
     flat = collective_time("all_reduce", 1e6, ranks, DGX, "ring")
     hier = collective_time("all_reduce", 1e6, ranks, DGX, "hierarchical")
     assert hier.time_s < flat.time_s
-    # Large: the multi-channel ring uses all 8 NICs for the whole buffer and skips the intra-node
-    # reduce-scatter/all-gather, so it wins (NCCL also picks the ring for large all-reduces).
+    # Large: the multi-channel ring and tree use all 8 NICs for the whole buffer and skip the
+    # intra-node reduce-scatter/all-gather, so they win.
     flat = collective_time("all_reduce", 1e9, ranks, DGX, "ring")
     hier = collective_time("all_reduce", 1e9, ranks, DGX, "hierarchical")
     assert flat.time_s < hier.time_s
     assert hier.bytes_per_rank == pytest.approx(2 * 7 / 8 * 1e9 / 8)  # 8-node ring on a 1/8 shard
-    assert collective_time("all_reduce", 1e9, ranks, DGX).time_s == flat.time_s
+    best = collective_time("all_reduce", 1e9, ranks, DGX)
+    assert best.algorithm in ("ring", "dbtree") and best.time_s <= flat.time_s
 
 
 def test_in_network_reduction_only_where_the_switches_have_it() -> None:

@@ -85,14 +85,17 @@ class GroupLayout:
 
         A ring over node-ordered ranks crosses each node boundary once per channel; NCCL runs one
         channel per NIC, so the ``g`` ranks of a node drive ``g`` NICs in parallel and the ring
-        gets ``g × NIC`` across nodes (capped by NVLink). Distant-partner patterns have every
-        rank talking off-node at once, each through its own NIC.
+        gets ``g × NIC`` across nodes (capped by NVLink); NCCL's trees likewise (a chain inside
+        the node, one tree per channel across nodes), but between distant nodes. Recursive
+        halving/doubling has every rank talking off-node at once, each through its own NIC.
         """
         if self.nodes == 1:
             return self.intra_latency_s, self.intra_bandwidth_Bps
         alpha = max(self.inter_latency_s, self.intra_latency_s)
         if pattern == "neighbor":
             return alpha, min(self.intra_bandwidth_Bps, self.min_per_node * self.neighbor_bandwidth_Bps)
+        if pattern == "tree":  # NCCL trees: a chain inside the node, a tree across nodes, per channel
+            return alpha, min(self.intra_bandwidth_Bps, self.min_per_node * self.global_bandwidth_Bps)
         return alpha, self.global_bandwidth_Bps
 
 
@@ -206,8 +209,11 @@ def _flat(algorithm: str, kind: str, n: float, p: int, layout: GroupLayout) -> t
     if algorithm == "ring":
         a, bw = layout.flat("neighbor")
         return _ring(kind, n, p, a, bw)
+    if algorithm == "dbtree":
+        a, bw = layout.flat("tree")
+        return _dbtree(kind, n, p, a, bw)
     a, bw = layout.flat("global")
-    return (_dbtree if algorithm == "dbtree" else _rhd)(kind, n, p, a, bw)
+    return _rhd(kind, n, p, a, bw)
 
 
 def _inter_only(layout: GroupLayout) -> GroupLayout:
