@@ -77,26 +77,32 @@ _GLYPH = {"forward": "F", "backward": "B", "input": "I", "weight": "W", "optimiz
 
 
 def ascii_timeline(events: Iterable[TraceEvent], ranks: int, *, unit: float = 1.0, width: int | None = None) -> str:
-    """One line per rank, one character per ``unit`` of time: the micro-batch number (last digit,
-    capitals/lower case for forward/backward is not enough for 10+ micro-batches, so forward cells
-    show the digit and backward cells the digit on a ``-`` shaded background is avoided: each action
-    is drawn as its letter followed by its micro-batch's last digit when it spans ≥ 2 cells).
-    Idle cells are ``.``."""
+    """Two lines per rank, one character per ``unit`` of time: the action kind (``F``, ``B``,
+    ``I``, ``W``, ``U`` optimizer, ``X`` filler; lower case for Chimera's replica 1) over the last
+    digit of its micro-batch. Idle cells are ``.``. ``width`` caps the columns (time is rescaled)."""
     evs = [e for e in events if e.stream == "compute"]
     end = max((e.start_s + e.duration_s for e in evs), default=0.0)
     cols = int(round(end / unit))
     if width is not None and cols > width:
         unit = end / width
         cols = width
-    rows = [["."] * cols for _ in range(ranks)]
+    kinds = [["."] * cols for _ in range(ranks)]
+    mbs = [[" "] * cols for _ in range(ranks)]
     for e in evs:
         a = int(round(e.start_s / unit))
         b = max(a + 1, int(round((e.start_s + e.duration_s) / unit)))
         g = _GLYPH.get(e.category, "?")
-        label = g + (str(e.microbatch % 10) if e.microbatch is not None else "")
+        if "r1" in e.name:
+            g = g.lower()
+        digit = str(e.microbatch % 10) if e.microbatch is not None else " "
         for k in range(a, min(b, cols)):
-            rows[e.rank][k] = label[(k - a)] if k - a < len(label) else g.lower()
-    return "\n".join(f"rank {r:>2} |" + "".join(row) + "|" for r, row in enumerate(rows))
+            kinds[e.rank][k] = g
+            mbs[e.rank][k] = digit
+    lines = []
+    for r in range(ranks):
+        lines.append(f"rank {r:>2} |" + "".join(kinds[r]) + "|")
+        lines.append("        |" + "".join(mbs[r]) + "|")
+    return "\n".join(lines)
 
 
 _COLORS = {

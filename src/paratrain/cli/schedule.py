@@ -1,0 +1,134 @@
+"""``paratrain schedule show``: generate (or load) a pipeline schedule, validate it, and show it.
+
+Examples::
+
+    paratrain schedule show --schedule chimera --stages 4 --microbatches 8
+    paratrain schedule show --schedule interleaved --stages 4 --microbatches 8 --virtual-stages 2 --json
+    paratrain schedule show --schedule zb-h1 --stages 4 --microbatches 8 --plot zb.png --trace zb.json
+    paratrain schedule show --schedule 1f1b --stages 2 --microbatches 2 --save my.json   # then edit
+    paratrain schedule show --file my.json                                                # validate + render
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from paratrain.cli.options import JsonOpt, print_json
+from paratrain.errors import ConfigError
+
+__all__ = ["register", "show"]
+
+schedule_app = typer.Typer(help="Pipeline schedules: generate, validate, render.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(schedule_app, name="schedule")
+
+
+@schedule_app.command("show", help="Generate or load a schedule, validate it, and render its timeline.")
+def show(
+    schedule: Annotated[
+        str | None,
+        typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, pipedream, 2bw or zb-h1."),
+    ] = None,
+    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks.")] = 4,
+    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per iteration.")] = 8,
+    virtual_stages: Annotated[
+        int | None, typer.Option("--virtual-stages", "-v", help="Chunks per rank (interleaved; default 2).")
+    ] = None,
+    iterations: Annotated[
+        int | None, typer.Option("--iterations", help="Batches generated for pipedream/2bw (default 4).")
+    ] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Load a schedule from a JSON/YAML file.")] = None,
+    forward_time: Annotated[float, typer.Option("--forward-time", help="Uniform forward duration.")] = 1.0,
+    backward_time: Annotated[
+        float, typer.Option("--backward-time", help="Uniform backward duration (I and W take half each).")
+    ] = 2.0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG timeline.")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome trace (Perfetto) JSON.")] = None,
+    save: Annotated[Path | None, typer.Option("--save", help="Write the schedule IR as JSON.")] = None,
+    actions: Annotated[bool, typer.Option("--actions", help="Also print every rank's action list.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.schedule import Schedule, generate, validate
+    from paratrain.sim import simulate
+    from paratrain.sim.trace import ascii_timeline, chrome_trace, plot_timeline
+
+    if file is not None:
+        if schedule is not None:
+            raise ConfigError("--file", "give either --file or --schedule, not both", "drop one of them")
+        from paratrain.spec._files import load_document
+
+        sched = Schedule.from_dict(load_document(file, "--file"), "--file")
+    else:
+        if schedule is None:
+            raise ConfigError("--schedule", "no schedule given", "pass --schedule NAME or --file FILE")
+        v = virtual_stages if virtual_stages is not None else (2 if schedule.lower() == "interleaved" else 1)
+        try:
+            sched = generate(
+                schedule, stages=stages, microbatches=microbatches, virtual_stages=v, iterations=iterations
+            )
+        except ConfigError as e:
+            flag = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages"}
+            raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
+    check = validate(sched)
+    res = simulate(sched, forward=forward_time, backward=backward_time, record=True)
+    if plot is not None:
+        fig = plot_timeline(
+            res.events,
+            sched.stages,
+            unit_label="time (units of one forward)" if forward_time == 1 else "time",
+            title=f"{sched.name}: {sched.stages} stages, {sched.microbatches} micro-batches"
+            f", bubble {res.bubble_fraction:.1%}",
+        )
+        fig.savefig(plot, dpi=120)
+    if trace is not None:
+        trace.write_text(json.dumps(chrome_trace(res.events, time_unit_s=1.0, title=sched.name)) + "\n")
+    if save is not None:
+        save.write_text(json.dumps(sched.to_dict(), indent=1) + "\n")
+    if json_out:
+        print_json(
+            {
+                "schedule": sched.name,
+                "stages": sched.stages,
+                "microbatches": sched.microbatches,
+                "virtual_stages": sched.virtual_stages,
+                "replicas": sched.num_replicas,
+                "iterations": sched.iterations,
+                "forward_time": forward_time,
+                "backward_time": backward_time,
+                "iteration_time": res.iteration_time_s / forward_time,
+                "bubble_fraction": res.bubble_fraction,
+                "busy_by_rank": [b / forward_time for b in res.busy_s_by_rank],
+                "idle_by_rank": [i / forward_time for i in res.idle_s_by_rank],
+                "peak_inflight_by_rank": list(check.peak_inflight_by_rank),
+                "weight_versions_by_rank": list(check.weight_versions_by_rank),
+                "p2p_batches_by_rank": list(check.p2p_batches_by_rank),
+                "actions": sum(len(row) for row in sched.actions),
+            }
+        )
+        return
+    print(
+        f"{sched.name}: {sched.stages} stages, {sched.microbatches} micro-batches, {sched.virtual_stages} chunk(s)"
+        f" per rank, {sched.num_replicas} replica(s); forward {forward_time:g}, backward {backward_time:g}"
+    )
+    width = 160
+    print(ascii_timeline(res.events, sched.stages, unit=min(forward_time, backward_time / 2), width=width))
+    it = res.iteration_time_s
+    if sched.iterations >= 3:
+        print(f"steady-state iteration time: {it:g} (per batch of {sched.microbatches}; no flush)")
+    else:
+        print(f"iteration time: {it:g}")
+    print(f"bubble fraction: {res.bubble_fraction:.4f}")
+    print("peak in-flight micro-batches by rank: " + " ".join(map(str, check.peak_inflight_by_rank)))
+    if max(check.weight_versions_by_rank) > 1:
+        print("weight versions by rank: " + " ".join(map(str, check.weight_versions_by_rank)))
+    if actions:
+        print(sched.to_text())
+    for what, path in (("plot", plot), ("trace", trace), ("schedule", save)):
+        if path is not None:
+            print(f"wrote {what}: {path}")

@@ -1,0 +1,291 @@
+"""``paratrain simulate``: simulate one training iteration of a model on a cluster under a parallel
+configuration and a pipeline schedule, with durations from the cost model.
+
+Examples::
+
+    paratrain simulate --model gpt3-1.3b --cluster dgx-a100 --gpus 16 --tp 2 --pp 4 --dp 2 \\
+        --microbatch 2 --global-batch 64 --schedule 1f1b
+    paratrain simulate --model gpt3-1.3b --gpus 16 --tp 2 --pp 4 --dp 2 --microbatch 2 --global-batch 64 \\
+        --schedule interleaved --virtual-stages 2 --json --trace run.json --plot run.png
+    paratrain simulate --config plan.json          # a run document written by ``paratrain plan -o``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from paratrain.cli.options import (
+    DeviceOpt,
+    FfnOpt,
+    GpusOpt,
+    HeadsOpt,
+    HiddenOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    NodesOpt,
+    SeqOpt,
+    VocabOpt,
+    parallel_from_opts,
+    print_json,
+)
+from paratrain.errors import ConfigError
+
+__all__ = ["register", "simulate"]
+
+_P = "Parallelism"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate", help="Simulate one iteration: time, bubbles, memory, communication, MFU.")(simulate)
+
+
+def _resolve_model(arg: str | None, doc: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    from paratrain.spec.model import from_document, resolve_model
+
+    if arg is not None:
+        return resolve_model(arg, "--model", **overrides)
+    m = doc.get("model")
+    if m is None:
+        raise ConfigError("--model", "no model given", "pass --model NAME|FILE or a --config document with a model")
+    base = resolve_model(m, "--config model") if isinstance(m, str) else from_document(m, "--config model")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return base.with_overrides(**given) if given else base
+
+
+def _resolve_cluster(
+    arg: str | None, doc: dict[str, Any], device: str | None, nodes: int | None, gpus: int | None
+) -> Any:
+    from paratrain.spec.cluster import from_document, resolve_cluster
+
+    if arg is None and isinstance(doc.get("cluster"), dict):
+        base = from_document(doc["cluster"], "--config cluster")
+        if device is not None:
+            import dataclasses
+
+            from paratrain.spec.device import resolve_device
+
+            base = dataclasses.replace(base, device=resolve_device(device, "--device"))
+        return base.resized(nodes=nodes, gpus=gpus)
+    name = arg or (doc["cluster"] if isinstance(doc.get("cluster"), str) else "dgx-a100")
+    return resolve_cluster(name, "--cluster", nodes=nodes, gpus=gpus, device=device)
+
+
+def simulate(
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model preset name or file.", rich_help_panel="Model")
+    ] = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn: FfnOpt = None,
+    seq: SeqOpt = None,
+    vocab: VocabOpt = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", "-c", help="Cluster preset or file (default dgx-a100).", rich_help_panel="Cluster"),
+    ] = None,
+    device: DeviceOpt = None,
+    nodes: NodesOpt = None,
+    gpus: GpusOpt = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=_P)] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)] = None,
+    dp: Annotated[
+        int | None, typer.Option("--dp", help="Data-parallel size (default: GPUs / (tp*pp)).", rich_help_panel=_P)
+    ] = None,
+    microbatch: Annotated[
+        int | None, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)
+    ] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", "-b", help="Global batch (samples).", rich_help_panel=_P)
+    ] = None,
+    schedule: Annotated[
+        str | None,
+        typer.Option(
+            "--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, pipedream, 2bw, zb-h1.", rich_help_panel=_P
+        ),
+    ] = None,
+    virtual_stages: Annotated[
+        int | None, typer.Option("--virtual-stages", help="Chunks per rank (interleaved).", rich_help_panel=_P)
+    ] = None,
+    recompute: Annotated[
+        str | None, typer.Option("--recompute", help="none|selective|full.", rich_help_panel=_P)
+    ] = None,
+    sequence_parallel: Annotated[
+        bool | None,
+        typer.Option(
+            "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism.", rich_help_panel=_P
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
+    ] = None,
+    overlap_grad_reduce: Annotated[
+        bool,
+        typer.Option(
+            "--overlap-grad-reduce/--no-overlap-grad-reduce",
+            help="Reduce each chunk's gradients as soon as its backward is done (default) or after all backward work.",
+        ),
+    ] = True,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome trace (Perfetto) JSON.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG timeline.")] = None,
+    comm_log: Annotated[bool, typer.Option("--comm-log", help="Include every transfer/collective in --json.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.parallel.config import load_run_document
+    from paratrain.sim import simulate_config
+    from paratrain.sim.trace import chrome_trace, plot_timeline
+
+    doc: dict[str, Any] = load_run_document(config) if config is not None else {}
+    overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
+    spec = _resolve_model(model, doc, overrides)
+    base = doc.get("parallel")
+    if dp is None and gpus is not None and base is None:
+        t_, p_ = tp or 1, pp or 1
+        if gpus % (t_ * p_):
+            raise ConfigError(
+                "--gpus",
+                f"{gpus} GPUs are not divisible by tp({t_})*pp({p_}) = {t_ * p_}",
+                "pick tp and pp whose product divides the GPU count",
+            )
+        dp = gpus // (t_ * p_)
+    if virtual_stages is None and base is None and (schedule or "").lower() == "interleaved":
+        virtual_stages = 2
+    cfg = parallel_from_opts(
+        base,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        microbatch=microbatch,
+        global_batch=global_batch,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+    )
+    if gpus is not None and cfg.world_size != gpus:
+        raise ConfigError(
+            "--gpus",
+            f"dp({cfg.dp})*tp({cfg.tp})*pp({cfg.pp}) = {cfg.world_size} != {gpus} GPUs",
+            "make dp*tp*pp equal the GPU count",
+        )
+    if gpus is None and nodes is None:
+        gpus = cfg.world_size  # size the cluster to the job
+    clus = _resolve_cluster(cluster, doc, device, nodes, gpus)
+    if cfg.world_size > clus.num_devices:
+        raise ConfigError(
+            "dp*tp*pp",
+            f"dp({cfg.dp})*tp({cfg.tp})*pp({cfg.pp}) = {cfg.world_size} exceeds the "
+            f"{clus.num_devices} devices of the cluster",
+            "use more --nodes/--gpus or smaller sizes",
+        )
+    try:
+        res = simulate_config(
+            spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log)
+        )
+    except ConfigError as e:
+        flag = {
+            "stages": "--pp",
+            "microbatches": "--global-batch (micro-batches = global batch / (dp*microbatch))",
+            "virtual_stages": "--virtual-stages",
+            "pp": "--pp",
+            "tp": "--tp",
+        }
+        raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
+    if trace is not None:
+        trace.write_text(json.dumps(chrome_trace(res.events, title=f"{spec.name} {cfg.schedule}")) + "\n")
+    if plot is not None:
+        title = (
+            f"{spec.name}: {cfg.schedule}, pp={cfg.pp} tp={cfg.tp} dp={cfg.dp}, {cfg.num_microbatches} "
+            f"micro-batches, bubble {res.bubble_fraction:.1%}"
+        )
+        plot_timeline(res.events, cfg.pp, title=title).savefig(plot, dpi=120)
+    out = res.to_dict(comm_log=comm_log)
+    out = {
+        "model": spec.name,
+        "cluster": clus.name,
+        "gpus": cfg.world_size,
+        "config": cfg.to_dict(),
+        **out,
+        "microbatches_per_pipeline": cfg.num_microbatches,
+    }
+    if json_out:
+        print_json(out)
+        return
+    _print(out, res)
+    for what, path in (("trace", trace), ("plot", plot)):
+        if path is not None:
+            print(f"wrote {what}: {path}")
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+def _print(out: dict[str, Any], res: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console() if sys.stdout.isatty() else Console(width=150)
+    c = out["config"]
+    con.print(
+        f"{out['model']} on {out['gpus']} × {out['cluster']}: dp={c['dp']} tp={c['tp']} pp={c['pp']} "
+        f"schedule={c['schedule']} v={c['virtual_stages']} micro-batch={c['microbatch']} "
+        f"global batch={c['global_batch']} ({out['microbatches_per_pipeline']} micro-batches per pipeline) "
+        f"recompute={c['recompute']}"
+    )
+    t = Table(title="Iteration")
+    for col in ("iteration", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "HFU", "bubble", "peak memory"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        f"{out['iteration_time_s'] * 1e3:,.2f} ms",
+        f"{out['samples_per_s']:,.1f}",
+        f"{out['tokens_per_s']:,.0f}",
+        f"{out['tflops_per_gpu']:,.1f}",
+        f"{out['mfu']:.1%}",
+        f"{out['hfu']:.1%}",
+        f"{out['bubble_fraction']:.1%}",
+        _gib(out["peak_memory_bytes"]),
+    )
+    con.print(t)
+    t = Table(title="Per pipeline rank (one tensor-parallel rank)")
+    for col in (
+        "rank",
+        "busy",
+        "idle",
+        "in-flight",
+        "weights",
+        "grads",
+        "optimizer",
+        "stashed",
+        "activations",
+        "total",
+    ):
+        t.add_column(col, justify="right")
+    for r, m in enumerate(out["memory_breakdown_by_rank"]):
+        t.add_row(
+            str(r),
+            f"{out['busy_s_by_rank'][r] * 1e3:,.2f} ms",
+            f"{out['idle_s_by_rank'][r] * 1e3:,.2f} ms",
+            str(out["peak_inflight_by_rank"][r]),
+            _gib(m["weight_bytes"]),
+            _gib(m["grad_bytes"]),
+            _gib(m["optimizer_bytes"]),
+            _gib(m["stashed_weight_bytes"]),
+            _gib(m["activation_bytes"]),
+            _gib(m["total_bytes"]),
+        )
+    con.print(t)
+    t = Table(title="Communication per iteration (summed over the pipeline's ranks)")
+    t.add_column("kind")
+    t.add_column("time", justify="right")
+    for k, v in out["comm_time_by_kind"].items():
+        t.add_row(k, f"{v * 1e3:,.3f} ms")
+    con.print(t)
