@@ -234,6 +234,8 @@ class Trainer:
 
     def _wrap_data_parallel(self) -> GradSync:
         impl, dp = self.train.dp_impl, self.config.dp
+        if getattr(self.executor, "owns_grad_reduction", False):
+            return NoGradSync()  # the pipeline schedule's R actions reduce the gradients
         if impl == "fsdp" and (dp > 1 or self.config.optimizer_sharding):
             from torch.distributed.fsdp import fully_shard
 
@@ -269,6 +271,9 @@ class Trainer:
         return float(t) / self.config.dp
 
     def train_step(self, step: int) -> dict[str, Any]:
+        own_step = getattr(self.executor, "train_step", None)
+        if own_step is not None:  # the pipeline engine runs the schedule's optimizer steps itself
+            return own_step(step)
         faults.maybe_inject_fault(self.ctx.rank, step)
         self.tracer.step = step
         start = time.perf_counter()
@@ -306,6 +311,10 @@ class Trainer:
 
     def finish(self) -> None:
         """Write the trace and the final parameters (collectives first, then rank 0's I/O)."""
+        own_finish = getattr(self.executor, "finish", None)
+        if own_finish is not None:  # pipeline: parameters gathered over stages, trace in the simulator's format
+            own_finish()
+            return
         if self.train.save_final is not None:
             params = self.full_parameters()
             if self.ctx.rank == 0:
