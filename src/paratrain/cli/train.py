@@ -56,8 +56,12 @@ def train(
                                                "ParallelConfig file; flags override it.", rich_help_panel=_P)] = None,
     dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size.", rich_help_panel=_P)] = None,
     tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=_P)] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (needs the pipeline engine).",
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (see --schedule).",
                                            rich_help_panel=_P)] = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="Pipeline schedule (with --pp > 1): gpipe, "
+                        "1f1b, interleaved, chimera, pipedream, 2bw, zb-h1.", rich_help_panel=_P)] = None,
+    virtual_stages: Annotated[int | None, typer.Option("--virtual-stages", help="Model chunks per pipeline rank "
+                              "(interleaved; default 2 there).", rich_help_panel=_P)] = None,
     microbatch: Annotated[int | None, typer.Option("--microbatch", help="Micro-batch size (samples).",
                                                    rich_help_panel=_P)] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch (samples per step).",
@@ -105,8 +109,10 @@ def train(
     else:
         spec = _model_from_doc(doc_model).with_overrides(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
+    if virtual_stages is None and base is None and (schedule or "").lower() == "interleaved":
+        virtual_stages = 2  # as in `paratrain simulate`
     pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
-                              optimizer_sharding=optimizer_sharding)
+                              optimizer_sharding=optimizer_sharding, schedule=schedule, virtual_stages=virtual_stages)
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")

@@ -1,0 +1,337 @@
+"""Execution of one pipeline rank's action list (the schedule IR, :mod:`paratrain.schedule.ir`).
+
+The engine knows actions, not schedules: it runs ``schedule.actions[rank]`` in order under the
+IR's execution semantics and never looks at the schedule's name.
+
+* ``F`` runs a chunk on its input: token ids (chunk 0), the tensor an ``RF`` received, or the
+  output of the neighbouring chunk when that one lives on this rank (detached, so that every
+  chunk's backward is its own graph). The last chunk adds the loss, scaled by ``1/accumulation``.
+* ``B`` is one ``torch.autograd.grad`` of the chunk's output w.r.t. its input and its weights;
+  ``I`` the same w.r.t. the input only (graph retained), ``W`` w.r.t. the weights only (zero-bubble
+  split, Qi et al. ICLR'24). Weight gradients are added to the live parameters' ``.grad``.
+* A run of consecutive ``SF/RF/SB/RB`` is one ``batch_isend_irecv``; receive buffers are allocated
+  from the activation shape known in advance (``[micro-batch, seq, hidden]``), never negotiated.
+* ``R`` and ``U`` call the :class:`StepHooks` (gradient reduction launch; wait + optimizer step).
+* ``version`` (asynchronous schedules): the forward runs on a snapshot of the weights as they were
+  after ``version`` optimizer steps of this rank, and the backward of that micro-batch differentiates
+  the same snapshot (weight stashing, Narayanan et al. SOSP'19); the resulting gradient is applied
+  to the current weights at the next ``U``. A version is snapshotted when first used or right
+  before the ``U`` that would overwrite it while a later action still needs it, and dropped after
+  its last use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+
+from paratrain.errors import ConfigError
+from paratrain.schedule.ir import Action, ActionKind, Schedule
+
+__all__ = ["LocalChunk", "StepHooks", "PipelineEngine", "ActionSpan", "accumulation_count"]
+
+K = ActionKind
+Key = tuple[int, int, int]  # (micro-batch, chunk, replica)
+
+
+@dataclass
+class LocalChunk:
+    """A model chunk held by this rank: its module and its trainable parameters by local name."""
+
+    chunk: int
+    replica: int
+    module: nn.Module
+    is_first: bool
+    is_last: bool
+    params: dict[str, nn.Parameter] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.params:
+            self.params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+
+
+class StepHooks(Protocol):
+    """What ``R`` and ``U`` do: data-parallel/replica reduction and the optimizer step."""
+
+    def reduce(self, chunk: LocalChunk) -> None: ...
+
+    def finish_reductions(self) -> None: ...
+
+    def optimizer_step(self, index: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpan:
+    """One executed action (or p2p batch): wall-clock ``perf_counter`` seconds."""
+
+    name: str
+    category: str  # forward, backward, input, weight, p2p, reduce, optimizer, filler
+    start_s: float
+    end_s: float
+    microbatch: int | None
+
+
+_CATEGORY = {K.FORWARD: "forward", K.BACKWARD: "backward", K.BACKWARD_INPUT: "input", K.BACKWARD_WEIGHT: "weight",
+             K.REDUCE_GRAD: "reduce", K.OPTIMIZER_STEP: "optimizer", K.FILLER: "filler"}
+
+
+def accumulation_count(schedule: Schedule) -> int:
+    """Micro-batches whose gradients one optimizer step applies, read off the action lists: the
+    last chunk's backwards (all replicas) over the optimizer steps of the rank holding it.
+    Synchronous schedules: ``M``; PipeDream: 1 (a step per micro-batch); 2BW: ``M``."""
+    last = schedule.num_chunks - 1
+    backs = sum(1 for row in schedule.actions for a in row
+                if a.chunk == last and a.kind in (K.BACKWARD, K.BACKWARD_WEIGHT))
+    steps = sum(1 for a in schedule.actions[schedule.rank_of(last)] if a.kind is K.OPTIMIZER_STEP)
+    if steps == 0 or backs % steps:
+        raise ConfigError("schedule", f"{backs} backwards of the last chunk do not split evenly into {steps} "
+                          "optimizer steps", "give every optimizer step the same number of micro-batches")
+    return backs // steps
+
+
+class PipelineEngine:
+    """Runs ``schedule.actions[rank]`` (see the module docstring).
+
+    ``microbatch(mb)`` returns ``(inputs, targets)`` of global micro-batch ``mb``; ``peer_rank``
+    maps a pipeline rank to the global rank to exchange tensors with; ``loss_fn(output, targets)``
+    is the per-micro-batch mean loss; ``loss_context()`` wraps the loss and every backward of the
+    last chunk (vocabulary-parallel loss under tensor parallelism); ``autocast()`` wraps forwards.
+    """
+
+    def __init__(self, schedule: Schedule, rank: int, chunks: list[LocalChunk], hooks: StepHooks, *,
+                 activation_shape: tuple[int, ...], activation_dtype: torch.dtype, device: torch.device,
+                 peer_rank: Callable[[int], int], loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+                 loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                 autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                 fillers: dict[str, Callable[[], None]] | None = None, record: bool = False,
+                 group: dist.ProcessGroup | None = None) -> None:
+        self.schedule, self.rank, self.hooks = schedule, rank, hooks
+        self.actions = schedule.actions[rank]
+        self.chunks = {(c.chunk, c.replica): c for c in chunks}
+        held = set(schedule.chunks_of(rank))
+        if held != set(self.chunks):
+            raise ConfigError("schedule placement", f"rank {rank} should hold chunks {sorted(held)}, the engine "
+                              f"was given {sorted(self.chunks)}", "build the chunks from the schedule's placement")
+        self.shape, self.dtype, self.device = activation_shape, activation_dtype, device
+        self.peer_rank, self.loss_fn = peer_rank, loss_fn
+        self.loss_context, self.autocast = loss_context, autocast
+        self.fillers = fillers or {}
+        for a in self.actions:
+            if a.kind is K.FILLER and (a.tag or "") not in self.fillers:
+                raise ConfigError(f"schedule rank {rank} filler {a.tag!r}", "no runtime work is registered for it",
+                                  f"register one of: {sorted(self.fillers) or 'none'}")
+        self.record, self.group = record, group
+        self.scale = 1.0 / accumulation_count(schedule)
+        self.spans: list[ActionSpan] = []
+        self.losses: dict[int, float] = {}  # micro-batch -> unscaled loss (last chunk only)
+        self.steps_done = 0
+        self._last_use = self._version_last_use()
+        self._stash: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}  # (chunk, replica, version)
+
+    # ----- running -------------------------------------------------------------------------------
+    def run(self, microbatch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+            phase: Callable[[str], None] = lambda s: None) -> None:
+        """Execute the whole action list once."""
+        self._inputs: dict[Key, torch.Tensor] = {}  # input of (mb, chunk, replica)
+        self._grads: dict[Key, torch.Tensor] = {}  # gradient w.r.t. the output of (mb, chunk, replica)
+        self._saved: dict[Key, tuple[torch.Tensor, torch.Tensor | None, int | None]] = {}  # (output, input, version)
+        self._to_send: dict[tuple[ActionKind, int, int, int], torch.Tensor] = {}
+        self._microbatch = microbatch
+        acts, n, i = self.actions, len(self.actions), 0
+        while i < n:
+            a = acts[i]
+            if a.is_p2p:
+                j = i
+                while j < n and acts[j].is_p2p:
+                    j += 1
+                phase(f"p2p batch {' '.join(map(str, acts[i:j]))}")
+                self._p2p(acts[i:j])
+                i = j
+                continue
+            phase(f"action {a}")
+            if a.kind is K.OPTIMIZER_STEP:
+                self.hooks.finish_reductions()  # waiting for reductions is not optimizer work
+            start = time.perf_counter()
+            self._execute(a, i)
+            if self.record:
+                self.spans.append(ActionSpan(str(a), _CATEGORY[a.kind], start, time.perf_counter(), a.microbatch))
+            i += 1
+        leftover = [k for k in (*self._saved, *self._inputs, *self._grads)]
+        if leftover:
+            raise RuntimeError(f"pipeline rank {self.rank}: tensors of {leftover[:4]} were never consumed")
+
+    def _execute(self, a: Action, index: int) -> None:
+        k = a.kind
+        if k is K.FORWARD:
+            self._forward(a)
+        elif k is K.BACKWARD or k is K.BACKWARD_INPUT:
+            self._backward(a, inputs_only=k is K.BACKWARD_INPUT)
+        elif k is K.BACKWARD_WEIGHT:
+            self._backward_weight(a)
+        elif k is K.REDUCE_GRAD:
+            self.hooks.reduce(self.chunks[(a.chunk, a.replica)])
+        elif k is K.OPTIMIZER_STEP:
+            self._stash_before_step(index)
+            self.hooks.optimizer_step(self.steps_done)
+            self.steps_done += 1
+        else:
+            self.fillers[a.tag or ""]()
+        if a.version is not None:
+            self._drop_version(a, index)
+
+    # ----- compute -------------------------------------------------------------------------------
+    def _forward(self, a: Action) -> None:
+        key = (a.microbatch, a.chunk, a.replica)
+        ch = self.chunks[(a.chunk, a.replica)]
+        if ch.is_first:
+            tokens, _ = self._microbatch(a.microbatch)
+            x, x_in = tokens.to(self.device), None
+        else:
+            x = self._inputs.pop(key).requires_grad_(True)
+            x_in = x
+        with self.autocast():
+            params = None if a.version is None else self._version(ch, a.version)
+            out = ch.module(x) if params is None else functional_call(ch.module, params, (x,))
+        if ch.is_last:
+            _, targets = self._microbatch(a.microbatch)
+            with self.loss_context():
+                loss = self.loss_fn(out, targets.to(self.device))
+                self.losses[a.microbatch] = float(_local(loss.detach()))
+                out = loss * self.scale
+        else:
+            nxt = (a.microbatch, a.chunk + 1, a.replica)
+            y = out.detach()
+            if self.schedule.rank_of(a.chunk + 1, a.replica) == self.rank:
+                self._inputs[nxt] = y
+            else:
+                self._to_send[(K.SEND_ACT, *key)] = y
+        self._saved[key] = (out, x_in, a.version)
+
+    def _weights(self, ch: LocalChunk, version: int | None) -> list[torch.Tensor]:
+        if version is None:
+            return list(ch.params.values())
+        return list(self._stash[(ch.chunk, ch.replica, version)].values())
+
+    def _backward(self, a: Action, *, inputs_only: bool) -> None:
+        key = (a.microbatch, a.chunk, a.replica)
+        ch = self.chunks[(a.chunk, a.replica)]
+        out, x_in, version = self._saved[key] if inputs_only else self._saved.pop(key)
+        grad_out = None if ch.is_last else self._grads[key] if inputs_only else self._grads.pop(key)
+        targets: list[torch.Tensor] = [] if x_in is None else [x_in]
+        n_w = 0
+        if not inputs_only:
+            weights = self._weights(ch, version)
+            targets += weights
+            n_w = len(weights)
+        if targets:
+            ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
+            with ctx:
+                grads = torch.autograd.grad(out, targets, grad_outputs=grad_out, retain_graph=inputs_only,
+                                            allow_unused=True)
+        else:  # I of chunk 0: no input gradient to compute, W does all the work
+            grads = ()
+        if x_in is not None:
+            self._pass_input_grad(a, grads[0])
+        if n_w:
+            self._accumulate(ch, grads[len(grads) - n_w:])
+
+    def _backward_weight(self, a: Action) -> None:
+        key = (a.microbatch, a.chunk, a.replica)
+        ch = self.chunks[(a.chunk, a.replica)]
+        out, _, version = self._saved.pop(key)
+        grad_out = None if ch.is_last else self._grads.pop(key)
+        weights = self._weights(ch, version)
+        ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
+        with ctx:
+            grads = torch.autograd.grad(out, weights, grad_outputs=grad_out, allow_unused=True)
+        self._accumulate(ch, grads)
+
+    def _pass_input_grad(self, a: Action, g: torch.Tensor | None) -> None:
+        if g is None:
+            raise RuntimeError(f"chunk {a.chunk}'s output does not depend on its input")
+        prev = (a.microbatch, a.chunk - 1, a.replica)
+        if self.schedule.rank_of(a.chunk - 1, a.replica) == self.rank:
+            self._grads[prev] = g
+        else:
+            self._to_send[(K.SEND_GRAD, a.microbatch, a.chunk, a.replica)] = g
+
+    @staticmethod
+    def _accumulate(ch: LocalChunk, grads: tuple[torch.Tensor | None, ...] | list[torch.Tensor | None]) -> None:
+        with torch.no_grad():
+            for p, g in zip(ch.params.values(), grads, strict=True):
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g.detach().clone() if g.requires_grad else g
+                else:
+                    p.grad.add_(g)
+
+    # ----- weight versions -----------------------------------------------------------------------
+    def _version_last_use(self) -> dict[tuple[int, int, int], int]:
+        last: dict[tuple[int, int, int], int] = {}
+        for i, a in enumerate(self.actions):
+            if a.version is not None:
+                last[(a.chunk, a.replica, a.version)] = i
+        return last
+
+    def _version(self, ch: LocalChunk, version: int) -> dict[str, torch.Tensor]:
+        key = (ch.chunk, ch.replica, version)
+        snap = self._stash.get(key)
+        if snap is None:
+            if version != self.steps_done:
+                raise ConfigError(f"schedule rank {self.rank}", f"weight version {version} of chunk {ch.chunk} is "
+                                  f"needed but this rank holds version {self.steps_done} and did not stash it",
+                                  "validate the schedule (paratrain.schedule.validate)")
+            snap = {n: p.detach().clone().requires_grad_(True) for n, p in ch.params.items()}
+            self._stash[key] = snap
+        return snap
+
+    def _stash_before_step(self, index: int) -> None:
+        v = self.steps_done
+        for (c, rep), ch in self.chunks.items():
+            if self._last_use.get((c, rep, v), -1) > index and (c, rep, v) not in self._stash:
+                self._version(ch, v)
+
+    def _drop_version(self, a: Action, index: int) -> None:
+        key = (a.chunk, a.replica, a.version)
+        if self._last_use.get(key) == index:
+            self._stash.pop(key, None)  # graphs still alive keep their own references
+
+    # ----- point-to-point ------------------------------------------------------------------------
+    def _p2p(self, batch: tuple[Action, ...]) -> None:
+        start = time.perf_counter()
+        ops = []
+        landed: list[tuple[dict[Key, torch.Tensor], Key, torch.Tensor]] = []
+        for a in batch:
+            peer = self.peer_rank(a.peer)
+            if a.kind is K.SEND_ACT or a.kind is K.SEND_GRAD:
+                t = self._to_send.pop((a.kind, a.microbatch, a.chunk, a.replica), None)
+                if t is None:
+                    raise RuntimeError(f"pipeline rank {self.rank}: {a} sends a tensor that was not computed")
+                ops.append(dist.P2POp(dist.isend, t.contiguous(), peer, self.group))
+            else:
+                buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, buf, peer, self.group))
+                store = self._inputs if a.kind is K.RECV_ACT else self._grads
+                landed.append((store, (a.microbatch, a.chunk, a.replica), buf))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        for store, key, buf in landed:
+            store[key] = buf
+        if self.record:
+            mb = batch[0].microbatch if len(batch) == 1 else None
+            self.spans.append(ActionSpan(" ".join(map(str, batch)), "p2p", start, time.perf_counter(), mb))
+
+
+def _local(t: Any) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
