@@ -309,7 +309,8 @@ def plan(
     """
     start = time.perf_counter()
     pins = pins or Pins()
-    backend = backend or default_backend()
+    # Cached costs are valid for one model and cluster: every search starts a fresh cache.
+    backend = replace(backend or default_backend(), cache={})
     if not isinstance(global_batch, int) or global_batch <= 0:
         raise ConfigError(
             "--global-batch", f"must be a positive integer, got {global_batch!r}", "e.g. --global-batch 512"

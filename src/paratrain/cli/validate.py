@@ -1,0 +1,225 @@
+"""``paratrain validate``: predicted vs measured iteration time, row by row; fit the efficiencies.
+
+    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_multi.csv --plot multi.png
+    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_single.csv --fit \\
+        --lut ../shared/perfmodel-groundtruth/vtrain/allreduce_lut/a100
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from paratrain.cli.options import ClusterOpt, JsonOpt, print_json
+from paratrain.errors import ConfigError
+
+__all__ = ["register", "validate_command"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate", help="Compare predicted with measured iteration times (vTrain CSV format).")(
+        validate_command
+    )
+
+
+def _read(path: Path, flag: str) -> str:
+    if not path.is_file():
+        raise ConfigError(flag, f"file {str(path)!r} does not exist", "give an existing CSV file")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(flag, f"cannot read {str(path)!r}: {e}", "give a UTF-8 CSV file") from None
+
+
+def _predictor(engine: str) -> Any:
+    if engine == "sim":
+        from paratrain.sim import simulate_config
+
+        return lambda m, c, cfg: simulate_config(m, c, cfg, overlap_grad_reduce=False).iteration_time_s
+    if engine == "analytic":
+        from paratrain.plan.backend import default_backend
+        from paratrain.plan.search import evaluate
+
+        # vTrain's runs do not bucket gradients: the all-reduce follows the backward.
+        return lambda m, c, cfg: (
+            evaluate(m, c, cfg, default_backend(), 1.0, overlap_grad_reduce=False).analytic.iteration_time_s
+        )
+    raise ConfigError("--engine", f"unknown engine {engine!r}", "use sim or analytic")
+
+
+def _scatter(path: Path, runs: list, predicted: list[float], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meas = [r.time_s for r in runs]
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    sc = ax.scatter(meas, predicted, c=[r.gpus for r in runs], s=14, cmap="viridis", norm=matplotlib.colors.LogNorm())
+    lo, hi = min(meas + predicted) * 0.8, max(meas + predicted) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="exact")
+    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.6, label="±10%")
+    ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured iteration time (s)")
+    ax.set_ylabel("predicted iteration time (s)")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(sc, ax=ax, label="GPUs")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: int, json_out: bool) -> None:
+    from paratrain.cost.collectives import collective_time
+    from paratrain.plan.validate import Calibration, errors_pct, fit, fit_links, parse_allreduce_lut, predict, summary
+
+    base = cluster
+    bw, lat = base.intra_link.bandwidth_Bps, base.intra_link.latency_s
+    samples: list = []
+    if lut is not None:
+        if not lut.is_dir():
+            raise ConfigError("--lut", f"{str(lut)!r} is not a directory", "give the folder of AR_GPU<n>_*.csv tables")
+        for f in sorted(lut.glob("*.csv")):
+            m = re.search(r"GPU(\d+)", f.name)
+            if m is None:
+                continue
+            rows = parse_allreduce_lut(_read(f, "--lut"), int(m.group(1)), str(f))
+            samples += rows[::32]  # 32 sizes per GPU count span 1 MiB..1 GiB evenly
+        if not samples:
+            raise ConfigError(
+                "--lut", f"no AR_GPU<n>_*.csv tables in {str(lut)!r}", "point --lut at allreduce_lut/a100"
+            )
+        bw, lat = fit_links(samples, base, collective_time)
+    dev = base.device
+    start = Calibration(
+        dev.gemm_efficiency, dev.memory_efficiency, dev.kernel_overhead_s, bw, lat, bw / base.intra_link.bandwidth_Bps
+    )
+    subset = runs[::4]
+    predictor = _predictor("analytic")
+    cal, report = fit(subset, base, predictor, start=start, max_evaluations=evaluations)
+    errs = errors_pct(runs, predict(runs, base, cal, predictor))
+    doc = {
+        "calibration": cal.to_dict(),
+        "fit": report,
+        "fitted_on": str(data),
+        "fit_rows": len(subset),
+        "lut_samples": len(samples),
+        "summary_all_rows": summary(errs),
+    }
+    if json_out:
+        print_json(doc)
+        return
+    con = Console()
+    con.print(f"fitted on {len(subset)} of {len(runs)} runs of {data} ({report['evaluations']} evaluations)")
+    for k, v in cal.to_dict().items():
+        con.print(f"  {k:<22} {v:.6g}")
+    s = doc["summary_all_rows"]
+    con.print(f"all {s['rows']} runs: mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%")
+
+
+def validate_command(
+    data: Annotated[Path, typer.Argument(help="CSV of measured runs (vTrain ground-truth format).")],
+    cluster: ClusterOpt = "dgx-a100",
+    calibration: Annotated[str, typer.Option("--calibration", help="vtrain-a100 (fitted) or none (presets).")] = (
+        "vtrain-a100"
+    ),
+    engine: Annotated[str, typer.Option("--engine", help="sim (simulator) or analytic (closed forms).")] = "sim",
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a scatter plot PNG.")] = None,
+    rows: Annotated[int, typer.Option("--rows", help="Rows of the per-run table (largest errors first).")] = 15,
+    fit_params: Annotated[bool, typer.Option("--fit", help="Fit the efficiency parameters to DATA instead.")] = False,
+    lut: Annotated[
+        Path | None, typer.Option("--lut", help="With --fit: folder of nccl-tests all-reduce tables.")
+    ] = None,
+    evaluations: Annotated[int, typer.Option("--evaluations", help="With --fit: optimizer evaluations.")] = 40,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.cli.options import resolve_cluster_opts
+    from paratrain.plan.calibrated import CALIBRATIONS
+    from paratrain.plan.validate import errors_pct, parse_vtrain_csv, predict, summary
+
+    runs = parse_vtrain_csv(_read(data, "DATA"), str(data))
+    base = resolve_cluster_opts(cluster)
+    if fit_params:
+        _fit(data, runs, base, lut, evaluations, json_out)
+        return
+    if calibration not in CALIBRATIONS and calibration != "none":
+        raise ConfigError(
+            "--calibration", f"unknown calibration {calibration!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
+        )
+    cal = CALIBRATIONS.get(calibration)
+    predicted = predict(runs, base, cal, _predictor(engine))
+    errs = errors_pct(runs, predicted)
+    summ = summary(errs)
+    if plot is not None:
+        _scatter(
+            plot,
+            runs,
+            predicted,
+            f"{data.name}: {len(runs)} runs, mean |error| "
+            f"{summ['mean_abs_error_pct']:.1f}% (calibration {calibration}, {engine})",
+        )
+    table = [
+        {
+            "line": r.line,
+            "gpus": r.gpus,
+            "hidden": r.hidden,
+            "layers": r.layers,
+            "tp": r.tp,
+            "dp": r.dp,
+            "pp": r.pp,
+            "microbatch": r.microbatch,
+            "global_batch": r.global_batch,
+            "measured_s": r.time_s,
+            "predicted_s": p,
+            "error_pct": e,
+        }
+        for r, p, e in zip(runs, predicted, errs, strict=True)
+    ]
+    if json_out:
+        print_json({"data": str(data), "calibration": calibration, "engine": engine, "summary": summ, "rows": table})
+        return
+    con = Console(width=140)
+    t = Table(title=f"{data.name}: the {min(rows, len(table))} largest errors of {len(table)} runs")
+    for col in (
+        "line",
+        "GPUs",
+        "hidden",
+        "layers",
+        "tp",
+        "dp",
+        "pp",
+        "mb",
+        "batch",
+        "measured s",
+        "predicted s",
+        "error %",
+    ):
+        t.add_column(col, justify="right")
+    for row in sorted(table, key=lambda x: -abs(x["error_pct"]))[:rows]:
+        t.add_row(
+            *(
+                str(row[k])
+                for k in ("line", "gpus", "hidden", "layers", "tp", "dp", "pp", "microbatch", "global_batch")
+            ),
+            f"{row['measured_s']:.3f}",
+            f"{row['predicted_s']:.3f}",
+            f"{row['error_pct']:+.1f}",
+        )
+    con.print(t)
+    con.print(
+        f"{summ['rows']} runs: mean |error| {summ['mean_abs_error_pct']:.1f}%, median "
+        f"{summ['median_abs_error_pct']:.1f}%, max {summ['max_abs_error_pct']:.1f}%, mean signed error "
+        f"{summ['mean_error_pct']:+.1f}% (calibration {calibration}, engine {engine})"
+    )
+    if plot is not None:
+        con.print(f"wrote {plot}")

@@ -1,0 +1,32 @@
+"""Calibrated efficiency parameters (data, produced by ``paratrain validate --fit``).
+
+``VTRAIN_A100`` was fitted on 2026-11-22 with
+
+    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_single.csv \\
+        --fit --lut ../shared/perfmodel-groundtruth/vtrain/allreduce_lut/a100
+
+in two steps: (1) the intra-node link's bandwidth and latency, by least squares on the log of the
+nccl-tests all-reduce times of 2–8 A100s in one node (vTrain's ``AR_GPU*_LUT`` microbenchmarks,
+sizes 1 MiB–1 GiB); (2) the A100's ``gemm_efficiency``, ``memory_efficiency`` and
+``kernel_overhead_s``, by least squares (soft-L1) on the log of predicted / measured iteration time
+of every fourth run of vTrain's single-node file (360 of 1,440 runs, 2–8 GPUs, Megatron-DeepSpeed).
+No multi-node run was used. ``link_efficiency`` = fitted / nominal intra-node bandwidth (the
+dgx-a100 preset's 300 GB/s) is applied to the inter-node links as well.
+"""
+
+from __future__ import annotations
+
+from paratrain.plan.validate import Calibration
+
+__all__ = ["CALIBRATIONS", "VTRAIN_A100"]
+
+VTRAIN_A100 = Calibration(
+    gemm_efficiency=1.0,
+    memory_efficiency=1.0,
+    kernel_overhead_s=3.86e-05,
+    intra_bandwidth_Bps=2.176e11,
+    intra_latency_s=1.210e-05,
+    link_efficiency=0.7255,
+)
+
+CALIBRATIONS = {"vtrain-a100": VTRAIN_A100}
