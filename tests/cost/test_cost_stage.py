@@ -101,6 +101,11 @@ def test_recomputation_times() -> None:
     assert full.recompute_s == pytest.approx(full.forward_s, rel=1e-12)  # a middle chunk: layers only
     assert 0 < sel.recompute_s < full.recompute_s
     assert full.activation_bytes == 10 * 2 * GPT.seq * GPT.hidden
+    # While one layer runs its backward, what it recomputed is live once (not per micro-batch).
+    whole = activation_bytes_per_layer(GPT, tp=8)
+    assert none.transient_bytes == 0
+    assert full.transient_bytes == whole - 2 * GPT.seq * GPT.hidden
+    assert sel.transient_bytes == 5 * GPT.heads * GPT.seq**2 // 8  # the attention core, a/t heads
     assert full.tp_comm_s > none.tp_comm_s  # the recomputed forward repeats its all-reduces
 
 

@@ -193,6 +193,7 @@ class _Bundle:
     head_params_shared: int  # head parameters when the head shares its chunk with the embedding
     head_params_apart: int
     p2p_bytes: int
+    transient_bytes: int
     dtype_bytes: int
     optimizer_bytes_per_param: int
 
@@ -220,6 +221,9 @@ def _bundle(
         head_params_shared=_head_params_per_rank(model, tp, shares_embedding_chunk=True),
         head_params_apart=_head_params_per_rank(model, tp, shares_embedding_chunk=False),
         p2p_bytes=mb * model.seq * model.hidden * e // (tp if sp else 1), dtype_bytes=e,
+        transient_bytes=activation_bytes_per_layer(
+            model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype
+        ) - layer.activation_bytes,
         optimizer_bytes_per_param=optimizer_bytes(1, dtype),
     )
 
@@ -283,7 +287,7 @@ def chunk_costs(
                 forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
                 tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=grads, grad_bytes=grads,
                 optimizer_bytes=-(-params * bd.optimizer_bytes_per_param // dp), grad_reduce_bytes=grads,
-                p2p_bytes=bd.p2p_bytes, model_flops=flops,
+                p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes,
             )
             memo[key] = cost
         out.append(cost)

@@ -27,6 +27,9 @@ class ChunkCost:
     grad_reduce_bytes: int  # gradient bytes reduced over data-parallel ranks per iteration
     p2p_bytes: int  # activation (and its gradient) sent between stages per micro-batch
     model_flops: float  # matmul FLOPs (forward + backward, no recomputation) per micro-batch, this rank
+    # Activations one layer recomputes, live only while that layer runs its backward (0 without
+    # recomputation): add once to the peak, not per in-flight micro-batch.
+    transient_bytes: int = 0
 
     @property
     def backward_s(self) -> float:
