@@ -56,8 +56,9 @@ def _launch(tmp: Path, name: str) -> dict[str, object]:
         model = str(tmp / "llama-like.json")
         Path(model).write_text(json.dumps(LLAMA_LIKE))
     metrics, params = tmp / f"{name}.jsonl", tmp / f"{name}.pt"
+    trace = tmp / f"{name}.trace.json"
     cmd = [sys.executable, "-m", "paratrain", "train", "--model", model, *COMMON, *flags,
-           "--metrics", str(metrics), "--save-final", str(params)]
+           "--metrics", str(metrics), "--save-final", str(params), "--trace", str(trace)]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
@@ -65,7 +66,7 @@ def _launch(tmp: Path, name: str) -> dict[str, object]:
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
-            "params": torch.load(params), "stdout": proc.stdout}
+            "params": torch.load(params), "stdout": proc.stdout, "trace": json.loads(trace.read_text())}
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +124,22 @@ def test_rank_zero_prints_rank_prefixed_step_lines(runs: dict[str, dict[str, obj
     lines = [ln for ln in runs["gpt-dp2-tp2"]["stdout"].splitlines() if "step " in ln and "loss" in ln]
     assert len(lines) == STEPS
     assert all(ln.startswith("[rank 0] step ") for ln in lines)
+
+
+def test_measured_trace_uses_the_simulator_format(runs: dict[str, dict[str, object]]) -> None:
+    from paratrain.sim.trace import events_from_chrome_trace
+
+    events = events_from_chrome_trace(runs["gpt-dp2-tp2"]["trace"])
+    assert {e.rank for e in events} == {0, 1, 2, 3}
+    for rank in range(4):
+        mine = [e for e in events if e.rank == rank]
+        compute = [e.name for e in mine if e.stream == "compute"]
+        # 5 steps x 2 micro-batches per replica (global batch 8 = dp 2 x 2 x microbatch 2).
+        assert compute.count("F0@c0") == STEPS and compute.count("B1@c0") == STEPS
+        assert compute.count("U") == STEPS
+        reduces = [e for e in mine if e.stream == "comm"]
+        assert reduces and all(e.name == "R@c0" and e.category == "reduce" for e in reduces)
+        forward = next(e for e in mine if e.name == "F0@c0")
+        assert forward.category == "forward" and forward.microbatch == 0 and forward.duration_s > 0
+    starts = sorted(e.start_s for e in events)
+    assert starts[0] >= 0 and starts[-1] < 600  # one time origin for all ranks

@@ -39,7 +39,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 class SpanRecorder(Protocol):
-    def record(self, name: str, tid: str, start_s: float, end_s: float) -> None: ...
+    def record(self, name: str, stream: str, start_s: float, end_s: float) -> None: ...
 
 
 class GradSync(Protocol):
@@ -140,7 +140,7 @@ class BucketedAllReduce:
             bucket.work.wait()
             end_s = time.perf_counter()
             if self.recorder is not None:
-                self.recorder.record("allreduce", "comm", bucket.launch_s, end_s)
+                self.recorder.record("R@c0", "comm", bucket.launch_s, end_s)
             offset = 0
             with torch.no_grad():
                 for p in bucket.params:

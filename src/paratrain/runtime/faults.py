@@ -11,7 +11,7 @@ The process leaves with ``os._exit`` after flushing: tearing down a process grou
 are gone can itself block.
 
 Fault injection: ``PARATRAIN_FAULT=kill:RANK:STEP`` makes global rank RANK kill itself with
-SIGKILL at the start of step STEP (used by tests/runtime/test_runtime_faults.py).
+SIGKILL in step STEP, after the forward of its first micro-batch (tests/runtime/test_runtime_faults.py).
 """
 
 from __future__ import annotations
@@ -86,11 +86,17 @@ class Phase:
 
 
 @contextlib.contextmanager
-def guard(rank: int, phase: Phase, timeout_s: float) -> Iterator[None]:
-    """Run a worker's body; any failure becomes one line on stderr and a clean exit code."""
+def guard(rank: int, phase: Phase, timeout_s: float, *, alone: bool = False) -> Iterator[None]:
+    """Run a worker's body; any failure becomes one line on stderr and a clean exit code.
+
+    ``alone`` (one process, no launcher): bad input propagates as :class:`ConfigError` to the CLI,
+    which prints its usual one-line error; there are no peers to abandon.
+    """
     try:
         yield
     except ConfigError as e:
+        if alone:
+            raise
         fail_and_exit(rank, str(e), 2)
     except RendezvousError as e:
         fail_and_exit(rank, str(e), 1)

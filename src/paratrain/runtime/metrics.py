@@ -1,10 +1,12 @@
 """Measurements of a real run: per-step metrics (JSON lines), MFU, and a Chrome trace.
 
-Trace format (shared with the simulator): Chrome trace events, ``ph: "X"`` spans with ``ts``/``dur``
-in microseconds, ``pid`` = global rank, ``tid`` = ``"compute"`` or ``"comm"``. Event names:
-``F{mb}`` forward and ``B{mb}`` backward of micro-batch ``mb``, ``allreduce`` (one per gradient
-bucket, from launch to completion as this rank sees it), ``clip`` and ``optimizer``. Each span
-carries ``args.step``. Times are wall-clock offsets from an origin rank 0 broadcasts at start-up.
+Trace format: the simulator's own (:class:`paratrain.sim.engine.TraceEvent` written by
+:func:`paratrain.sim.trace.chrome_trace`): ``pid`` = global rank, thread 0 = compute, thread 1 =
+communication, events named like the schedule IR's actions — ``F{mb}@c0`` / ``B{mb}@c0`` forward
+and backward of micro-batch ``mb`` on chunk 0 (the whole model without a pipeline), ``R@c0`` one
+data-parallel gradient bucket's all-reduce (from launch to completion as this rank sees it),
+``U`` the optimizer step, ``X:clip`` gradient clipping. Times are wall-clock offsets from an origin
+rank 0 broadcasts at start-up, so ranks line up; several steps follow one another in one file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import torch
 
+from paratrain.sim.engine import TraceEvent
+from paratrain.sim.trace import chrome_trace
 from paratrain.spec.model import Arch, ModelSpec
 
 __all__ = ["Tracer", "model_flops_per_token", "peak_flops_per_device", "MetricsWriter"]
@@ -30,7 +34,8 @@ def model_flops_per_token(spec: ModelSpec) -> float:
     n = spec.param_count() - spec.vocab * spec.hidden - spec.num_positions * spec.hidden
     if spec.arch is Arch.BERT:
         n -= 2 * spec.hidden  # token-type table
-    n += spec.vocab * spec.hidden  # output projection matmul (tied or not)
+    if spec.tied_embeddings:
+        n += spec.vocab * spec.hidden  # the tied output projection is a matmul over the shared table
     return 6.0 * n + 12.0 * spec.layers * spec.hidden * spec.seq
 
 
@@ -56,47 +61,46 @@ def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]
     return peak, name
 
 
+_CATEGORY = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "R": "reduce", "U": "optimizer"}
+
+
 class Tracer:
-    """Collects spans of one rank. ``enabled=False`` makes every call a no-op."""
+    """Collects the spans of one rank. ``enabled=False`` makes every call a no-op."""
 
     def __init__(self, rank: int, origin_s: float, enabled: bool) -> None:
         self.rank, self.origin_s, self.enabled = rank, origin_s, enabled
-        self.events: list[dict[str, Any]] = []
+        self.events: list[TraceEvent] = []
         self.step = 0
         # perf_counter is precise but has an arbitrary zero: map it to wall-clock time once.
         self._perf_to_wall = time.time() - time.perf_counter()
 
-    def record(self, name: str, tid: str, start_s: float, end_s: float) -> None:
-        """A span measured with ``time.perf_counter()``."""
+    def record(self, name: str, stream: str, start_s: float, end_s: float, microbatch: int | None = None) -> None:
+        """A span measured with ``time.perf_counter()``; ``stream`` is "compute" or "comm"."""
         if not self.enabled:
             return
-        ts_us = (start_s + self._perf_to_wall - self.origin_s) * 1e6
-        self.events.append({"name": name, "ph": "X", "ts": round(ts_us, 3), "dur": round((end_s - start_s) * 1e6, 3),
-                            "pid": self.rank, "tid": tid, "args": {"step": self.step}})
+        category = "filler" if name.startswith("X:") else _CATEGORY.get(name[:1], "filler")
+        self.events.append(TraceEvent(self.rank, stream, name, start_s + self._perf_to_wall - self.origin_s,
+                                      end_s - start_s, category, microbatch))
 
-    def span(self, name: str, tid: str = "compute") -> _Span:
-        return _Span(self, name, tid)
+    def span(self, name: str, stream: str = "compute", microbatch: int | None = None) -> _Span:
+        return _Span(self, name, stream, microbatch)
 
 
 class _Span:
-    def __init__(self, tracer: Tracer, name: str, tid: str) -> None:
-        self.tracer, self.name, self.tid = tracer, name, tid
+    def __init__(self, tracer: Tracer, name: str, stream: str, microbatch: int | None) -> None:
+        self.tracer, self.name, self.stream, self.microbatch = tracer, name, stream, microbatch
 
     def __enter__(self) -> None:
         self.start_s = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        self.tracer.record(self.name, self.tid, self.start_s, time.perf_counter())
+        self.tracer.record(self.name, self.stream, self.start_s, time.perf_counter(), self.microbatch)
 
 
-def write_chrome_trace(path: str | Path, events_by_rank: list[list[dict[str, Any]]], metadata: dict[str, Any]) -> None:
-    events: list[dict[str, Any]] = []
-    for rank, evs in enumerate(events_by_rank):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for tid in ("compute", "comm"):
-            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": tid}})
-        events.extend(evs)
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}))
+def write_chrome_trace(path: str | Path, events_by_rank: list[list[TraceEvent]], title: str) -> None:
+    """All ranks' events in one Chrome trace (the simulator's writer)."""
+    doc = chrome_trace([e for evs in events_by_rank for e in evs], title=title)
+    Path(path).write_text(json.dumps(doc))
 
 
 class MetricsWriter:

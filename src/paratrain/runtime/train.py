@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import importlib.util
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,6 +111,9 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) ->
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
+    if train.data not in ("stdlib", "synthetic") and not os.path.exists(train.data):
+        raise ConfigError("--data", f"{train.data!r} does not exist",
+                          "give a file or directory, 'stdlib' or 'synthetic'")
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
 
@@ -190,10 +195,12 @@ class SingleStageExecutor:
             sync = t.grad_sync.accumulate() if i < n - 1 else contextlib.nullcontext()
             with sync:
                 t.phase.name = f"step {step} forward of micro-batch {i}"
-                with t.tracer.span(f"F{i}"), t.autocast(), loss_context(t.config.tp):
+                with t.tracer.span(f"F{i}@c0", microbatch=i), t.autocast(), loss_context(t.config.tp):
                     loss = TransformerLM.loss(model(inputs), targets) / n
+                if i == 0:
+                    faults.maybe_inject_fault(t.ctx.rank, step)  # mid-step: forward done, backward not
                 t.phase.name = f"step {step} backward of micro-batch {i}"
-                with t.tracer.span(f"B{i}"), loss_context(t.config.tp):
+                with t.tracer.span(f"B{i}@c0", microbatch=i), loss_context(t.config.tp):
                     loss.backward()
             total += local_tensor(loss.detach()).float()
         return total
@@ -274,7 +281,6 @@ class Trainer:
         own_step = getattr(self.executor, "train_step", None)
         if own_step is not None:  # the pipeline engine runs the schedule's optimizer steps itself
             return own_step(step)
-        faults.maybe_inject_fault(self.ctx.rank, step)
         self.tracer.step = step
         start = time.perf_counter()
         lr = lr_at(step, self.train)
@@ -286,10 +292,10 @@ class Trainer:
         self.phase.name = f"step {step} gradient reduction"
         self.grad_sync.finish()
         self.phase.name = f"step {step} gradient clipping"
-        with self.tracer.span("clip"):
+        with self.tracer.span("X:clip"):
             grad_norm = clip_grad_norm_(self.params, self.train.grad_clip, self.ctx)
         self.phase.name = f"step {step} optimizer"
-        with self.tracer.span("optimizer"):
+        with self.tracer.span("U"):
             self.optimizer.step()
         self.phase.name = f"step {step} loss reduction"
         loss = self._global_loss(local_loss)
@@ -326,9 +332,9 @@ class Trainer:
             else:
                 gathered = [self.tracer.events]
             if self.ctx.rank == 0:
-                write_chrome_trace(self.train.trace, gathered, {
-                    "source": "paratrain train (measured)", "model": self.spec.name,
-                    "parallel": self.config.to_dict(), "dp_impl": self.train.dp_impl})
+                c = self.config
+                write_chrome_trace(self.train.trace, gathered, f"measured: paratrain train {self.spec.name} "
+                                   f"dp={c.dp} tp={c.tp} pp={c.pp} ({self.train.dp_impl})")
 
 
 def _pipeline_factory() -> Any:
@@ -344,17 +350,17 @@ def worker_main(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> 
     """
     from .progress import run_loop
 
-    rank = int(__import__("os").environ.get("RANK", "0"))
+    rank = int(os.environ.get("RANK", "0"))
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
     phase = faults.Phase()
     faults.install_sigterm_handler(rank)
-    with faults.guard(rank, phase, train.timeout_s):
+    with faults.guard(rank, phase, train.timeout_s, alone=alone):
         validate_run(spec, config, train)
         phase.name = "rendezvous"
         ctx = init_runtime(config, timeout_s=train.timeout_s)
         if ctx.backend == "gloo" and ctx.world_size > 1:
             phase.name = "start-up barrier"
-            dist.monitored_barrier(timeout=__import__("datetime").timedelta(seconds=train.timeout_s),
-                                   wait_all_ranks=True)
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=train.timeout_s), wait_all_ranks=True)
         torch.manual_seed(train.seed)
         trainer = Trainer(ctx, spec, train)
         trainer.phase = phase
