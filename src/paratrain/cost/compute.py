@@ -346,7 +346,7 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
         return (fwd, d_a, d_b) if op.has_weight else (fwd, d_a + d_b, 0.0)
     # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway.
     peak = device.peak_fp32_flops
-    eff = device.memory_efficiency
+    eff = 1.0
     fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device)
     bwd_in_flops = op.bwd_flops - op.bwd_weight_flops
     bwd_in_bytes = op.bwd_bytes - op.bwd_weight_bytes
@@ -368,7 +368,7 @@ def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
         m, n, k = op.gemm
         compute = op.fwd_flops / (device.peak_flops(dtype) * gemm_efficiency(m, n, k, device, op.batch))
     else:
-        compute = op.fwd_flops / (device.peak_fp32_flops * device.memory_efficiency)
+        compute = op.fwd_flops / device.peak_fp32_flops
     memory = op.fwd_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
     return "compute" if compute >= memory else "memory"
 
