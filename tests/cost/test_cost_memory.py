@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paratrain.cost.memory import (
     activation_bytes_per_layer,
@@ -118,3 +120,22 @@ def test_bad_inputs() -> None:
         optimizer_bytes(10, "bf16", dp=0, sharded=True)
     with pytest.raises(ConfigError, match="dtype"):
         activation_bytes_per_layer(dataclasses.replace(m), dtype="fp7")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    head_dim=st.sampled_from([16, 64, 128]), heads_per_rank=st.integers(1, 8), t=st.sampled_from([1, 2, 4, 8]),
+    s_per_rank=st.integers(1, 64), b=st.integers(1, 8),
+)
+def test_korthikanti_formulas_for_random_shapes(head_dim: int, heads_per_rank: int, t: int, s_per_rank: int,
+                                                b: int) -> None:
+    a = heads_per_rank * t
+    h, s = a * head_dim, s_per_rank * t
+    m = ModelSpec(layers=1, hidden=h, heads=a, seq=s, vocab=100, dtype="bf16")
+    sbh, as2b = s * b * h, a * s * s * b
+    assert activation_bytes_per_layer(m, microbatch=b) == 34 * sbh + 5 * as2b
+    assert activation_bytes_per_layer(m, microbatch=b, tp=t) * t == sbh * (10 * t + 24) + 5 * as2b
+    assert activation_bytes_per_layer(m, microbatch=b, tp=t, sequence_parallel=True) * t == 34 * sbh + 5 * as2b
+    sel = activation_bytes_per_layer(m, microbatch=b, tp=t, sequence_parallel=True, recompute="selective")
+    assert sel * t == 34 * sbh
+    assert activation_bytes_per_layer(m, microbatch=b, tp=t, recompute="full") == 2 * sbh
