@@ -95,6 +95,9 @@ def test_memory_by_rank() -> None:
     assert [m.stashed_weight_bytes for m in pd] == [300, 200, 100, 0]  # p - r versions
     bw = memory_by_rank(generate("2bw", stages=4, microbatches=8), costs)
     assert [m.stashed_weight_bytes for m in bw] == [100] * 4
+    # a recomputed layer's activations add once, during a backward, on top of what is in flight
+    rc = memory_by_rank(generate("1f1b", stages=4, microbatches=8), [replace(_cost(10), transient_bytes=7)] * 4)
+    assert [m.activation_bytes for m in rc] == [40 + 7, 30 + 7, 20 + 7, 10 + 7]
 
 
 def test_traces(tmp_path) -> None:

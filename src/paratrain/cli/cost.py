@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     )
 
 
-def _cluster_for(device: DeviceSpec, device_name: str, cluster: str | None, tp: int) -> ClusterSpec:
+def _cluster_for(device: DeviceSpec, cluster: str | None, tp: int) -> ClusterSpec:
     """The cluster whose links time the TP collectives: the given one, or the DGX node matching the
     device (NVLink 4 for Hopper, NVLink 3 otherwise), sized to hold the TP group, with ``device``."""
     name = cluster or ("dgx-h100" if device.name.startswith(("h100", "h200")) else "dgx-a100")
@@ -122,7 +122,7 @@ def cost(
             raise ConfigError(flag, f"must be positive, got {v}", f"set {flag} to at least 1")
     config = ParallelConfig(tp=tp, microbatch=microbatch, recompute=rc, sequence_parallel=sequence_parallel, dtype=dt)
     config.validate_for(spec)
-    clus = _cluster_for(dev, device, cluster, tp)
+    clus = _cluster_for(dev, cluster, tp)
     (chunk,) = chunk_costs(spec, clus, config, fused=fused)
     kw = dict(tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dt)
     rows = [_op_row("embedding", op, dev, dt, 1) for op in embedding_ops(spec, **kw)]

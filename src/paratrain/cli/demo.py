@@ -53,13 +53,34 @@ def demo(
     _run(
         console,
         "1/3 plan: the fastest memory-feasible layout",
-        ["plan", "--model", model, "--cluster", "dgx-a100", "--gpus", str(gpus), "--global-batch", str(global_batch),
-         "--top", "5", "--output", str(plan_doc)],
+        [
+            "plan",
+            "--model",
+            model,
+            "--cluster",
+            "dgx-a100",
+            "--gpus",
+            str(gpus),
+            "--global-batch",
+            str(global_batch),
+            "--top",
+            "5",
+            "--output",
+            str(plan_doc),
+        ],
     )
     _run(
         console,
         "2/3 simulate the winner",
-        ["simulate", "--config", str(plan_doc), "--plot", str(out / "timeline.png"), "--trace", str(out / "trace.json")],
+        [
+            "simulate",
+            "--config",
+            str(plan_doc),
+            "--plot",
+            str(out / "timeline.png"),
+            "--trace",
+            str(out / "trace.json"),
+        ],
     )
     metrics = out / "metrics.jsonl"
     if metrics.exists():
@@ -67,9 +88,32 @@ def demo(
     _run(
         console,
         "3/3 train a tiny GPT for real: 4 processes, pipeline 2 × data 2, 1F1B, gloo on CPU",
-        ["train", "--model", "gpt-tiny", "--nproc", "4", "--pp", "2", "--dp", "2", "--schedule", "1f1b",
-         "--global-batch", "16", "--microbatch", "2", "--steps", str(steps), "--lr", "3e-3",
-         "--metrics", str(metrics), "--log-every", "10", "--no-progress"],
+        [
+            "train",
+            "--model",
+            "gpt-tiny",
+            "--nproc",
+            "4",
+            "--pp",
+            "2",
+            "--dp",
+            "2",
+            "--schedule",
+            "1f1b",
+            "--global-batch",
+            "16",
+            "--microbatch",
+            "2",
+            "--steps",
+            str(steps),
+            "--lr",
+            "3e-3",
+            "--metrics",
+            str(metrics),
+            "--log-every",
+            "10",
+            "--no-progress",
+        ],
     )
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     if rows:

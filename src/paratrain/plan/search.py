@@ -247,7 +247,9 @@ def _balanced(
 ) -> Candidate:
     """The candidate with the time-balancing partition, if that is faster and fits."""
     config = cand.config
-    if config.num_chunks < 2 or model.layers < 3:
+    # Interleaved chunks stay equal: with unequal chunks the ranks' turns stop lining up and the
+    # closed form no longer holds, so only one chunk per rank is re-balanced.
+    if config.num_chunks < 2 or model.layers < 3 or config.virtual_stages > 1:
         return cand
     units = _layer_list(model, cluster, config, backend)
     v = config.virtual_stages

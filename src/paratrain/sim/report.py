@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from paratrain.cost.types import ChunkCost
@@ -45,7 +46,7 @@ class MemoryBreakdown:
     grad_bytes: int
     optimizer_bytes: int
     stashed_weight_bytes: int  # extra weight versions of asynchronous schedules
-    activation_bytes: int  # peak over the iteration
+    activation_bytes: int  # peak over the iteration (incl. a backward's recomputed layer)
 
     @property
     def total_bytes(self) -> int:
@@ -196,10 +197,14 @@ def memory_by_rank(schedule: Schedule, costs: Sequence[ChunkCost]) -> tuple[Memo
         w = sum(costs[c].weight_bytes for c, _ in held)
         cur = peak = 0
         for a in row:
-            if a.kind is K.FORWARD:
+            k = a.kind
+            if k is K.FORWARD:
                 cur += costs[a.chunk].activation_bytes
                 peak = max(peak, cur)
-            elif a.kind is K.BACKWARD or a.kind is K.BACKWARD_WEIGHT:
+            elif k is K.BACKWARD or k is K.BACKWARD_INPUT:
+                # recomputed activations of one layer live only during this backward
+                peak = max(peak, cur + getattr(costs[a.chunk], "transient_bytes", 0))
+            if k is K.BACKWARD or k is K.BACKWARD_WEIGHT:
                 cur -= costs[a.chunk].activation_bytes
         out.append(
             MemoryBreakdown(
@@ -323,8 +328,6 @@ def simulate_config(
     trace events and the per-operation communication log."""
     from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
-    from paratrain.schedule.registry import generate
-
     config.validate_for(model, even_layers=config.partition is None)
     if config.world_size > cluster.num_devices:
         raise ConfigError(
@@ -333,9 +336,7 @@ def simulate_config(
             f"{cluster.num_devices} devices",
             "use a larger cluster (--gpus/--nodes) or smaller parallel sizes",
         )
-    schedule = generate(
-        config.schedule, stages=config.pp, microbatches=config.num_microbatches, virtual_stages=config.virtual_stages
-    )
+    schedule = _generate_cached(config.schedule.value, config.pp, config.num_microbatches, config.virtual_stages)
     costs = chunk_costs(model, cluster, config)
     res = simulate(
         schedule,
@@ -359,6 +360,14 @@ def simulate_config(
         mfu=flops / (it * n * peak),
         hfu=hw_flops / (it * n * peak),
     )
+
+
+@lru_cache(maxsize=256)
+def _generate_cached(name: str, stages: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """Schedules are immutable and a planner sweep asks for the same few many times."""
+    from paratrain.schedule.registry import generate
+
+    return generate(name, stages=stages, microbatches=microbatches, virtual_stages=virtual_stages)
 
 
 def _with(res: SimResult, **kw: Any) -> SimResult:
