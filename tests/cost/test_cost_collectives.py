@@ -225,3 +225,24 @@ def test_monotone_in_oversubscription(o1: float, o2: float, kind: str, n: float)
     t = [collective_time(kind, n, ranks, dataclasses.replace(base, topology=dataclasses.replace(
         base.topology, oversubscription=o)), None).time_s for o in (lo, hi)]
     assert t[0] <= t[1] * (1 + 1e-12)
+
+
+def test_dragonfly_tapers_global_links() -> None:
+    fly = _cluster(TopologyKind.DRAGONFLY, oversubscription=2.0, nodes_per_leaf=16, per_node=1)
+    inside = tuple(range(16))  # one group
+    across = tuple(range(8, 24))  # two groups
+    t_in = collective_time("all_reduce", 1e9, inside, fly, "ring").time_s
+    t_across = collective_time("all_reduce", 1e9, across, fly, "ring").time_s
+    nic = fly.inter_link
+    assert t_in == pytest.approx(2 * 15 * nic.latency_s + 2 * 15 / 16 * 1e9 / nic.bandwidth_Bps)
+    assert t_across == pytest.approx(2 * 15 * nic.latency_s + 2 * 15 / 16 * 1e9 / (nic.bandwidth_Bps / 2))
+
+
+def test_hammingmesh_full_bandwidth_along_a_row_half_across() -> None:
+    hm = _cluster(TopologyKind.HAMMINGMESH, per_node=4, board=(2, 2), dims=(8, 8))
+    row = tuple(4 * b for b in range(8))  # boards 0..7: one row of boards
+    column = tuple(4 * 8 * y for y in range(8))  # boards 0, 8, ..., 56: one column
+    diagonal = tuple(4 * (9 * i) for i in range(8))  # boards on different rows and columns
+    t = [collective_time("all_to_all", 1e8, g, hm).time_s for g in (row, column, diagonal)]
+    assert t[0] == pytest.approx(t[1])
+    assert t[2] > t[0]
