@@ -328,6 +328,7 @@ def simulate_config(
     trace events and the per-operation communication log."""
     from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
+
     config.validate_for(model, even_layers=config.partition is None)
     if config.world_size > cluster.num_devices:
         raise ConfigError(
