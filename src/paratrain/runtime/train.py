@@ -176,6 +176,14 @@ class StepExecutor(Protocol):
     def forward_backward(self, batch: Batch, step: int) -> torch.Tensor | None: ...
 
 
+# Optional extension points, looked up with getattr so an executor implements only what it needs:
+# - ``owns_grad_reduction = True``: the executor reduces gradients itself (a pipeline schedule's
+#   R actions); the trainer then wraps no data parallelism (grad_sync is a no-op).
+# - ``train_step(step) -> dict``: the executor runs the whole step (optimizer included) and returns
+#   the metrics row; ``Trainer.train_step`` delegates to it.
+# - ``finish()``: replaces the trainer's end of run (final parameters of every stage, the trace).
+
+
 class SingleStageExecutor:
     """No pipeline: the whole model, micro-batches one after another (gradient accumulation)."""
 
