@@ -132,3 +132,13 @@ def test_bad_configurations() -> None:
         chunk_costs(GPT, resolve_cluster("dgx-a100", gpus=4), ParallelConfig(tp=8))
     with pytest.raises(ConfigError, match="pp"):
         chunk_costs(GPT, DGX, ParallelConfig(pp=41, global_batch=41))
+
+
+def test_explicit_partition() -> None:
+    part = (5, 10, 15, 10)
+    cc = chunk_costs(GPT, DGX, ParallelConfig(pp=4, partition=part, global_batch=4))
+    (one,) = chunk_costs(GPT.with_overrides(layers=1), DGX, ParallelConfig())  # embedding + 1 layer + head
+    lf = cc[1].forward_s / 10
+    assert [c.forward_s for c in cc[1:3]] == pytest.approx([10 * lf, 15 * lf], rel=1e-12)
+    assert cc[0].forward_s > 5 * lf and cc[3].forward_s > 10 * lf  # embedding / head on the ends
+    assert one.forward_s == pytest.approx(cc[0].forward_s - 4 * lf + cc[3].forward_s - 10 * lf, rel=1e-12)

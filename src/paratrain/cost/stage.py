@@ -251,44 +251,44 @@ def chunk_costs(
     dp = config.dp if config.optimizer_sharding else 1
     counts = config.layers_per_chunk(model.layers)
     last = len(counts) - 1
-    memo: dict[tuple[int, bool, bool], ChunkCost] = {}
-    out: list[ChunkCost] = []
-    for i, n in enumerate(counts):
-        key = (n, i == 0, i == last)
-        cost = memo.get(key)
-        if cost is None:
-            fwd = n * (layer.forward_s + comm[0])
-            bwd_in = n * (layer.backward_input_s + comm[1])
-            bwd_w = n * layer.backward_weight_s
-            tp_comm = n * (comm[0] + comm[1] + bd.recompute_comm_s)
-            act = n * layer.activation_bytes
-            flops = n * layer.matmul_flops
-            params = n * bd.layer_params
-            if i == 0:
-                emb = bd.embedding
-                fwd += emb.forward_s + comm[2]
-                bwd_in += emb.backward_input_s + comm[3]
-                bwd_w += emb.backward_weight_s
-                tp_comm += comm[2] + comm[3]
-                act += emb.activation_bytes
-                flops += emb.matmul_flops
-                params += bd.embedding_params
-            if i == last:
-                head = bd.head
-                fwd += head.forward_s + comm[4]
-                bwd_in += head.backward_input_s + comm[5]
-                bwd_w += head.backward_weight_s
-                tp_comm += comm[4] + comm[5]
-                act += head.activation_bytes
-                flops += head.matmul_flops
-                params += bd.head_params_shared if last == 0 else bd.head_params_apart
-            grads = params * e
-            cost = ChunkCost(
-                forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
-                tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=grads, grad_bytes=grads,
-                optimizer_bytes=-(-params * bd.optimizer_bytes_per_param // dp), grad_reduce_bytes=grads,
-                p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes,
-            )
-            memo[key] = cost
-        out.append(cost)
-    return out
+
+    def make(n: int, first: bool, final: bool) -> ChunkCost:
+        fwd = n * (layer.forward_s + comm[0])
+        bwd_in = n * (layer.backward_input_s + comm[1])
+        bwd_w = n * layer.backward_weight_s
+        tp_comm = n * (comm[0] + comm[1] + bd.recompute_comm_s)
+        act = n * layer.activation_bytes
+        flops = n * layer.matmul_flops
+        params = n * bd.layer_params
+        if first:
+            emb = bd.embedding
+            fwd += emb.forward_s + comm[2]
+            bwd_in += emb.backward_input_s + comm[3]
+            bwd_w += emb.backward_weight_s
+            tp_comm += comm[2] + comm[3]
+            act += emb.activation_bytes
+            flops += emb.matmul_flops
+            params += bd.embedding_params
+        if final:
+            head = bd.head
+            fwd += head.forward_s + comm[4]
+            bwd_in += head.backward_input_s + comm[5]
+            bwd_w += head.backward_weight_s
+            tp_comm += comm[4] + comm[5]
+            act += head.activation_bytes
+            flops += head.matmul_flops
+            params += bd.head_params_shared if first else bd.head_params_apart
+        grads = params * e
+        return ChunkCost(
+            forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
+            tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=grads, grad_bytes=grads,
+            optimizer_bytes=-(-params * bd.optimizer_bytes_per_param // dp), grad_reduce_bytes=grads,
+            p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes,
+        )
+
+    # Middle chunks differ only in their layer count (at most two values for an even split).
+    middle = {n: make(n, False, False) for n in set(counts[1:last])}
+    out = [middle[n] for n in counts[1:last]]
+    if last == 0:
+        return [make(counts[0], True, True)]
+    return [make(counts[0], True, False), *out, make(counts[last], False, True)]
