@@ -64,6 +64,7 @@ class RankStats:
     optimizer: tuple[float, ...]  # per rank: optimizer state
     tp_comm: tuple[float, ...]  # per rank: tensor-parallel collectives, one micro-batch
     activation: tuple[float, ...]  # per chunk: bytes held per in-flight micro-batch
+    transient: tuple[float, ...] = ()  # per rank: largest working set of one backward (recomputed layer)
 
     @classmethod
     def of(cls, chunks: Sequence[ChunkCost], p: int) -> RankStats:
@@ -94,6 +95,9 @@ class RankStats:
             optimizer=tuple(opt),
             tp_comm=tuple(tpc),
             activation=tuple(float(ck.activation_bytes) for ck in chunks),
+            transient=tuple(
+                max(float(getattr(chunks[k], "transient_bytes", 0)) for k in range(r, n, p)) for r in range(p)
+            ),
         )
 
 
@@ -283,7 +287,12 @@ def memory_by_rank(
     act = stats.activation
     if config.schedule is ScheduleName.CHIMERA:
         act = tuple((act[r] + act[p - 1 - r]) / 2 for r in range(p))  # held over both chunks
-    memory = [extra[r] + stats.static[r] + sum(held[k] * act[k] for k in range(r, p * v, p)) for r in range(p)]
+    # A backward starts while the rank holds its peak of activations, and rebuilds one layer's
+    # working set on top of them (the recomputed activations under recomputation).
+    transient = stats.transient or (0.0,) * p
+    memory = [
+        extra[r] + stats.static[r] + transient[r] + sum(held[k] * act[k] for k in range(r, p * v, p)) for r in range(p)
+    ]
     if config.schedule is ScheduleName.PIPEDREAM:
         # Weight stashing: stage s keeps one weight version per in-flight micro-batch.
         memory = [mem + (held[r] - 1) * stats.weight[r] for r, mem in enumerate(memory)]

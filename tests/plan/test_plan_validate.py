@@ -1,0 +1,63 @@
+"""vTrain CSV parsing and the mapping of a measured run onto specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from paratrain.errors import ConfigError
+from paratrain.plan.calibrated import VTRAIN_A100
+from paratrain.plan.validate import errors_pct, parse_vtrain_csv, run_config, run_model, summary, vtrain_cluster
+from paratrain.spec.cluster import resolve_cluster
+
+HEADER_MULTI = (
+    "\ufeffParameters (billion),# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+    "sequence length,tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+)
+
+
+def test_parses_bom_and_column_order():
+    runs = parse_vtrain_csv(HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,3975.2\n")
+    (r,) = runs
+    assert (r.tp, r.dp, r.pp) == (2, 32, 1)  # TP, DP, PP: data parallelism is the middle column
+    assert r.time_s == pytest.approx(3.9752) and r.line == 2
+
+
+def test_run_maps_to_megatron_setup():
+    (r,) = parse_vtrain_csv(HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,3975.2\n")
+    model, cfg = run_model(r), run_config(r)
+    assert model.vocab % (128 * 2) == 0 and 50257 <= model.vocab < 50257 + 256  # Megatron's padding
+    assert (model.hidden, model.heads, model.layers, model.seq) == (3072, 32, 30, 2048)
+    assert cfg.recompute.value == "full" and cfg.schedule.value == "1f1b" and cfg.num_microbatches == 2
+
+
+def test_cluster_sizing_and_calibration():
+    base = resolve_cluster("dgx-a100")
+    c = vtrain_cluster(base, 64, VTRAIN_A100)
+    assert c.num_devices == 64 and c.nodes == 8
+    assert c.inter_link.bandwidth_Bps == pytest.approx(800e9 / 8 / 8 * VTRAIN_A100.link_efficiency)
+    assert c.intra_link.bandwidth_Bps == VTRAIN_A100.intra_bandwidth_Bps
+    assert c.device.kernel_overhead_s == VTRAIN_A100.kernel_overhead_s
+
+
+def test_errors_and_summary():
+    runs = parse_vtrain_csv(
+        HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,1000\n3.6,64,512,8,3072,32,30,2048,2,32,1,2000\n"
+    )
+    errs = errors_pct(runs, [1.1, 1.8])
+    assert errs == pytest.approx([10.0, -10.0])
+    s = summary(errs)
+    assert s["mean_abs_error_pct"] == pytest.approx(10.0) and s["mean_error_pct"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "empty"),
+        (HEADER_MULTI, "no data rows"),
+        (HEADER_MULTI + "3.6,64,512,x,3072,32,30,2048,2,32,1,3975.2\n", "line 2"),
+        (HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,-1\n", "non-positive"),
+    ],
+)
+def test_bad_csv(text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_vtrain_csv(text)
