@@ -104,7 +104,11 @@ def test_config_document_trace_plot_and_comm_log(tmp_path, capsys) -> None:
     doc = json.loads(out)
     assert doc["config"]["schedule"] == "zb-h1"
     kinds = {row["kind"] for row in doc["comm_log"]}
-    assert kinds == {"p2p", "all_reduce"}
+    assert kinds == {"p2p", "all_reduce", "tp"}
+    tp_rows = [row for row in doc["comm_log"] if row["kind"] == "tp"]
+    assert len(tp_rows) == 2 * 4 * 16  # each forward and input-gradient pass of 16 micro-batches on 4 ranks
+    assert sum(row["time_s"] for row in tp_rows) == pytest.approx(doc["comm_time_by_kind"]["tp"])
+    assert all(len(row["group"]) == 2 for row in tp_rows)
     p2p_rows = [row for row in doc["comm_log"] if row["kind"] == "p2p"]
     assert len(p2p_rows) == 2 * 3 * 16  # activations and gradients over 3 links for 16 micro-batches
     assert png.read_bytes()[:4] == b"\x89PNG"

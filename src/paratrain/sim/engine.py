@@ -36,8 +36,9 @@ class Timing:
     (a ``W``). ``p2p_s(src_rank, dst_rank, chunk)`` is the transfer time of one activation or
     gradient between pipeline ranks; ``reduce_s[c]`` the gradient reduction of chunk ``c`` (all its
     replicas and data-parallel copies together); ``optimizer_s[r]`` the optimizer step of rank
-    ``r``. ``p2p_bytes``/``reduce_bytes``/``tp_comm_s`` per chunk and ``groups`` only label the
-    communication log.
+    ``r``. ``tp_comm_s`` per chunk (tensor-parallel collectives of one forward + backward, already
+    inside the compute times), ``p2p_bytes``/``reduce_bytes`` per chunk and the groups only feed the
+    communication log and ``comm_time_by_kind``.
     """
 
     forward_s: tuple[float, ...]
@@ -53,6 +54,7 @@ class Timing:
     reduce_kind: str = "all_reduce"
     global_rank: Callable[[int], int] = field(default=lambda r: r)
     reduce_groups: tuple[tuple[int, ...], ...] = ()
+    tp_groups: tuple[tuple[int, ...], ...] = ()  # per pipeline rank: its tensor-parallel group
 
 
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
@@ -251,6 +253,8 @@ def run_schedule(
     red_total = 0.0
     batch_end = [[0.0] * schedule.iterations for _ in range(p)]
     grank = timing.global_rank
+    tp_share = tuple(x / 2 for x in timing.tp_comm_s)  # tp_comm_s covers one forward and one backward
+    tp_groups = timing.tp_groups
     eager = not blocking_sends
     run = deque(range(p))
     while run:
@@ -263,6 +267,11 @@ def run_schedule(
             if kind == 0:
                 if record:
                     a = acts[r][g - off[r]]
+                    if tp_share and a.kind is not K.BACKWARD_WEIGHT and a.chunk is not None:
+                        # the tensor-parallel collectives inside the action (their time is part of val)
+                        x = tp_share[a.chunk]
+                        if x > 0:
+                            log.append(CommRecord("tp", None, tp_groups[r] if tp_groups else (grank(r),), t, x))
                     events.append(
                         TraceEvent(r, "compute", str(a), t, val, _CATEGORY.get(a.kind, "filler"), a.microbatch)
                     )

@@ -135,7 +135,7 @@ def _iteration(schedule: Schedule, run: SimRun) -> tuple[float, list[float], lis
     if k < 3:
         it = max(run.finish_s) / k
         busy = [b / k for b in run.busy_s]
-        return it, busy, [it - b for b in busy]
+        return it, busy, [max(0.0, it - b) for b in busy]  # clip float rounding
     lo = [run.batch_end_s[r][0] for r in range(p)]
     hi = [run.batch_end_s[r][k - 2] for r in range(p)]
     win_busy = [0.0] * p
@@ -145,7 +145,7 @@ def _iteration(schedule: Schedule, run: SimRun) -> tuple[float, list[float], lis
     periods = [(hi[r] - lo[r]) / (k - 2) for r in range(p)]
     it = sum(periods) / p
     busy = [b / (k - 2) for b in win_busy]
-    return it, busy, [it - b for b in busy]
+    return it, busy, [max(0.0, it - b) for b in busy]  # clip float rounding
 
 
 def _inflight(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -313,6 +313,7 @@ def timing_for_config(
         reduce_kind="reduce_scatter+all_gather" if config.optimizer_sharding else "all_reduce",
         global_rank=grank,
         reduce_groups=tuple(groups),
+        tp_groups=tuple(tuple(config.rank_of(pp=r, tp=k) for k in range(config.tp)) for r in range(schedule.stages)),
     )
 
 
