@@ -70,6 +70,7 @@ def test_gpipe_needs_more_activation_memory_than_1f1b(capsys) -> None:
     assert mem["gpipe"] == 4 * mem["1f1b"]  # 16 micro-batches in flight against p = 4
 
 
+@pytest.mark.slow  # draws a PNG with matplotlib: several seconds on a loaded 2-core machine
 def test_config_document_trace_plot_and_comm_log(tmp_path, capsys) -> None:
     cfg = tmp_path / "run.json"
     cfg.write_text(

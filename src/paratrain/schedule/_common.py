@@ -58,7 +58,6 @@ def build(
     rows: list[list[Item]],
     *,
     iterations: int = 1,
-    **meta: object,
 ) -> Schedule:
     """The schedule with sends/receives inserted; ``weight_versions`` counted from the version
     annotations (asynchronous schedules), 1 otherwise."""
@@ -69,7 +68,6 @@ def build(
         placement=placement,
         actions=insert_p2p(rows, placement),
         iterations=iterations,
-        meta=dict(meta),
     )
     if any(a.version is not None for row in s.actions for a in row):
         from paratrain.schedule.validate import inflight_and_versions

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -219,7 +219,6 @@ class Schedule:
     actions: tuple[tuple[Action, ...], ...]
     iterations: int = 1
     weight_versions: int = 1
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def num_chunks(self) -> int:
