@@ -28,7 +28,10 @@ Actions (``kind`` letter in the text form)
   ``peer`` is the other pipeline rank.
 * ``R`` reduce the gradients of chunk ``c`` (of ``replica``) over every rank holding a copy of it:
   the data-parallel group, plus, for Chimera, the rank holding the other replica.
-* ``U`` optimizer step of every chunk on the rank; afterwards the rank's weight version is one higher.
+* ``U`` optimizer step of every chunk on the rank: applies the gradients accumulated since the
+  previous ``U`` (reduced by the ``R`` actions in between) to the newest weights; afterwards the
+  rank's weight version is one higher. PipeDream steps after every backward, 2BW and the
+  synchronous schedules after the last backward of a batch.
 * ``X`` filler work named by ``tag`` (e.g. a K-FAC factor update placed in a bubble), with
   ``duration_s`` for the simulator.
 
