@@ -52,7 +52,7 @@ from .tensor_parallel import loss_context
 if TYPE_CHECKING:
     from .train import Trainer
 
-__all__ = ["PipelineExecutor", "check_same_schedule", "schedule_for", "measured_trace"]
+__all__ = ["PipelineExecutor", "check_same_schedule", "schedule_for", "validate_pipeline", "measured_trace"]
 
 K = ActionKind
 
@@ -65,6 +65,14 @@ def schedule_for(trainer_config: Any, train_steps: int) -> Schedule:
                      virtual_stages=cfg.virtual_stages, iterations=its)
     validate(sched)
     return sched
+
+
+def validate_pipeline(config: Any, train: Any) -> None:
+    """Every pipeline check that needs no process group (``validate_run`` calls it before launch)."""
+    if train.dp_impl != "paratrain":
+        raise ConfigError("--dp-impl", f"{train.dp_impl} does not run inside the pipeline engine, whose schedule "
+                          "places the gradient reductions itself", "use --dp-impl paratrain with --pp > 1")
+    schedule_for(config, train.steps)
 
 
 def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
@@ -95,9 +103,7 @@ class PipelineExecutor:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = t = trainer
         cfg, ctx = t.config, t.ctx
-        if t.train.dp_impl != "paratrain":
-            raise ConfigError("--dp-impl", f"{t.train.dp_impl} does not run inside the pipeline engine, whose "
-                              "schedule places the gradient reductions itself", "use --dp-impl paratrain with --pp > 1")
+        validate_pipeline(cfg, t.train)
         self.schedule = schedule_for(cfg, t.train.steps)
         check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
         self.pp_rank, self.dp_rank, self.tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank
