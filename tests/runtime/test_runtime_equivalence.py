@@ -37,6 +37,10 @@ LLAMA_LIKE = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 96, "
               "norm": "rmsnorm", "activation": "swiglu", "position": "rotary", "tied_embeddings": False,
               "bias": False, "dtype": "fp32", "name": "llama-like"}
 
+BERT_TINY = {"arch": "bert", "layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 128, "dtype": "fp32",
+             "name": "bert-tiny"}
+MODEL_FILES = {"llama": LLAMA_LIKE, "bert": BERT_TINY}
+
 # name -> (model, nproc, flags)
 LAYOUTS = {
     "gpt-single": ("gpt-tiny", 1, []),
@@ -45,16 +49,20 @@ LAYOUTS = {
     "gpt-tp2": ("gpt-tiny", 2, ["--tp", "2"]),
     "gpt-dp2-tp2": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2"]),
     "gpt-dp2-tp2-fsdp": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2", "--optimizer-sharding"]),
+    "gpt-tp2-sp": ("gpt-tiny", 2, ["--tp", "2", "--sequence-parallel"]),
     "llama-single": ("llama", 1, []),
     "llama-dp2-tp2": ("llama", 4, ["--dp", "2", "--tp", "2"]),
+    "bert-single": ("bert", 1, []),
+    "bert-tp2-sp": ("bert", 2, ["--tp", "2", "--sequence-parallel"]),
 }
 
 
 def _launch(tmp: Path, name: str) -> dict[str, object]:
     model, nproc, flags = LAYOUTS[name]
-    if model == "llama":
-        model = str(tmp / "llama-like.json")
-        Path(model).write_text(json.dumps(LLAMA_LIKE))
+    if model in MODEL_FILES:
+        path = tmp / f"{model}.json"
+        path.write_text(json.dumps(MODEL_FILES[model]))
+        model = str(path)
     metrics, params = tmp / f"{name}.jsonl", tmp / f"{name}.pt"
     trace = tmp / f"{name}.trace.json"
     cmd = [sys.executable, "-m", "paratrain", "train", "--model", model, *COMMON, *flags,
@@ -92,7 +100,8 @@ def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Te
         assert rel <= RTOL, f"{key}: relative error {rel:.2e} > {RTOL:g}"
 
 
-@pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-tp2", "gpt-dp2-tp2", "gpt-dp2-tp2-fsdp"])
+@pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-tp2", "gpt-dp2-tp2", "gpt-dp2-tp2-fsdp",
+                                  "gpt-tp2-sp"])
 def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, object]], name: str) -> None:
     _assert_same_training(runs[name], runs["gpt-single"])
 
@@ -100,6 +109,11 @@ def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, object]], n
 def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, object]]) -> None:
     # GQA (2 key/value heads over tp=2), SwiGLU, RMSNorm, rotary, untied output, no biases.
     _assert_same_training(runs["llama-dp2-tp2"], runs["llama-single"])
+
+
+def test_bert_tp2_sequence_parallel_matches_single_process(runs: dict[str, dict[str, object]]) -> None:
+    # Post-norm blocks, masked-LM loss over masked positions only, tied MLM decoder with its own bias.
+    _assert_same_training(runs["bert-tp2-sp"], runs["bert-single"])
 
 
 def test_paratrain_data_parallel_equals_ddp(runs: dict[str, dict[str, object]]) -> None:

@@ -66,6 +66,9 @@ def train(
                                                    rich_help_panel=_P)] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch (samples per step).",
                                                      rich_help_panel=_P)] = None,
+    sequence_parallel: Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
+                                 help="Split norms and residual stream on the sequence over tp.",
+                                 rich_help_panel=_P)] = None,
     optimizer_sharding: Annotated[bool | None, typer.Option("--optimizer-sharding/--no-optimizer-sharding",
                                   help="Shard AdamW state over dp (FSDP2 fully_shard).", rich_help_panel=_P)] = None,
     dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
@@ -112,7 +115,8 @@ def train(
     if virtual_stages is None and base is None and (schedule or "").lower() == "interleaved":
         virtual_stages = 2  # as in `paratrain simulate`
     pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
-                              optimizer_sharding=optimizer_sharding, schedule=schedule, virtual_stages=virtual_stages)
+                              optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
+                              schedule=schedule, virtual_stages=virtual_stages)
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")

@@ -12,7 +12,8 @@ Placements (SBP names in brackets, as the planner uses them):
   ``loss_parallel()`` (vocabulary-parallel cross-entropy: no rank ever holds ``[B, S, V]``).
   A tied projection shares the embedding's ``Shard(0)`` table: both shard the same ``[V, H]``
   matrix on V, so one DTensor Parameter serves both.
-- norms, positions and BERT's MLM transform stay replicated (small).
+- norms, positions and BERT's MLM transform stay replicated (small), or, with sequence
+  parallelism, norms and residual stream split on the sequence (``SequenceParallel``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
@@ -36,22 +40,42 @@ from .models.base import ModelChunk, TransformerLM
 __all__ = ["apply_tensor_parallel", "loss_context", "block_plan"]
 
 
-def block_plan(swiglu: bool) -> dict[str, object]:
+def block_plan(swiglu: bool, sequence_parallel: bool = False) -> dict[str, object]:
+    """Plan of one transformer block (module paths relative to the block)."""
+    # With sequence parallelism the residual stream between the matmul regions is split on the
+    # sequence (Shard(1)); the row-parallel projections reduce-scatter into it instead of
+    # all-reducing, and the column-parallel ones all-gather out of it (Korthikanti et al. 2022).
+    seq_out = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=seq_out),
         "mlp.fc1": ColwiseParallel(),
-        "mlp.fc2": RowwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=seq_out),
     }
     if swiglu:
         plan["mlp.gate"] = ColwiseParallel()
+    if sequence_parallel:
+        plan["norm1"] = SequenceParallel(use_local_output=True)
+        plan["norm2"] = SequenceParallel(use_local_output=True)
+        # Post-norm blocks (BERT) feed the residual stream itself to attention and MLP, pre-norm
+        # blocks the norms' outputs: both arrive sequence-sharded and are gathered here.
+        plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                          use_local_output=True)
+        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                         use_local_output=True)
     return plan
 
 
-def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh) -> nn.Module:
-    """Shard ``model`` or a pipeline chunk of it (full weights, same on every rank) in place."""
+def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh, *,
+                          sequence_parallel: bool = False) -> nn.Module:
+    """Shard ``model`` or a pipeline chunk of it (full weights, same on every rank) in place.
+
+    ``sequence_parallel`` also splits the norms' work on the sequence (whole models only: the
+    embedding's output is sliced on the sequence, the head gathers it back before the output
+    projection; positions and BERT's MLM transform stay replicated).
+    """
     if tp_mesh.size() == 1:
         return model
     embed, head = model.embed, model.head
@@ -59,15 +83,22 @@ def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh
     plan: dict[str, object] = {}
     if embed is not None:
         plan["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sequence_parallel:
+            # Positions are added to the full sequence, then each rank keeps its slice (no communication).
+            plan["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                use_local_output=True)
     if head is not None:
         plan["head.proj"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        if sequence_parallel:
+            plan["head"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                              use_local_output=True)
     if plan:
         parallelize_module(model, tp_mesh, plan)
     if tied:
         head.proj.weight = embed.tok.weight  # the embedding's Parameter was replaced by its DTensor shard
     swiglu = model.blocks[0].mlp.gate is not None
     for block in model.blocks:
-        parallelize_module(block, tp_mesh, block_plan(swiglu))
+        parallelize_module(block, tp_mesh, block_plan(swiglu, sequence_parallel))
     for p in {id(p): p for p in model.parameters()}.values():
         if isinstance(p, DTensor):
             p.register_post_accumulate_grad_hook(_grad_like_param)

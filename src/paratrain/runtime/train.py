@@ -108,6 +108,9 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) ->
     if config.pp > 1 and importlib.util.find_spec("paratrain.runtime.pipeline") is None:
         raise ConfigError("--pp", f"pp({config.pp}) needs the pipeline engine (paratrain.runtime.pipeline), "
                           "which this installation does not have", "use --pp 1")
+    if config.sequence_parallel and config.pp > 1:
+        raise ConfigError("sequence_parallel", "is not wired into the pipeline engine (its transfers carry the "
+                          "full sequence)", "use sequence parallelism with --pp 1")
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
@@ -237,7 +240,8 @@ class Trainer:
         full = build_model(spec, train.seed)
         parts = self.executor.build_parts(full)
         tp_mesh = ctx.submesh("tp")
-        self.parts = [apply_tensor_parallel(p, tp_mesh).to(ctx.device) for p in parts]
+        sp = self.config.sequence_parallel and self.config.pp == 1
+        self.parts = [apply_tensor_parallel(p, tp_mesh, sequence_parallel=sp).to(ctx.device) for p in parts]
         self.grad_sync: GradSync = self._wrap_data_parallel()
         self.params = list({id(p): p for m in self.parts for p in m.parameters() if p.requires_grad}.values())
         decay = [p for p in self.params if p.dim() >= 2]  # no decay on biases and norm scales (nanoGPT)
