@@ -1,0 +1,94 @@
+"""``paratrain compare``: the statistics of a timeline against closed forms and the simulator's own
+report, the side-by-side output, the PNG, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.conftest import assert_one_line_error
+
+from paratrain.schedule.registry import generate
+from paratrain.sim import simulate
+from paratrain.sim.trace import chrome_trace
+
+
+def _write_sim_trace(path: Path, name: str, p: int, m: int, **kw) -> object:
+    sched = generate(name, stages=p, microbatches=m, **kw)
+    res = simulate(sched, forward=1.0, backward=2.0)
+    # seconds as trace microseconds: keep the unit (durations 1 and 2 "seconds")
+    path.write_text(json.dumps(chrome_trace(res.events)))
+    return res
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (2, 4), (3, 5)])
+def test_gpipe_bubble_matches_the_closed_form(tmp_path: Path, run_cli, p: int, m: int) -> None:
+    trace = tmp_path / "g.json"
+    _write_sim_trace(trace, "gpipe", p, m)
+    code, out, err = run_cli("compare", str(trace), str(trace), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    # GPipe, uniform F=1, B=2, free communication: bubble (p-1)/(m+p-1), iteration 3(m+p-1)
+    assert doc["measured"]["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=1e-9)
+    assert doc["measured"]["iteration_time_s"] == pytest.approx(3 * (m + p - 1), rel=1e-9)
+    assert doc["measured"]["busy_s_by_rank"] == pytest.approx([3 * m] * p, rel=1e-9)
+    assert doc["iteration_time_rel_error"] == 0
+    assert doc["bubble_fraction_diff_points"] == 0
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "chimera", "pipedream", "2bw"])
+def test_statistics_agree_with_the_simulator_report(tmp_path: Path, run_cli, name: str) -> None:
+    trace = tmp_path / f"{name}.json"
+    res = _write_sim_trace(trace, name, 4, 8)
+    its = "4" if name in ("pipedream", "2bw") else "1"  # the generators' default for async schedules
+    code, out, err = run_cli("compare", str(trace), str(trace), "--json", "--microbatches", "8",
+                             "--iterations", its, "--sim-iterations", its)
+    assert code == 0, err
+    got = json.loads(out)["simulated"]
+    assert got["bubble_fraction"] == pytest.approx(res.bubble_fraction, rel=1e-9)
+    assert got["iteration_time_s"] == pytest.approx(res.iteration_time_s, rel=1e-9)
+    assert got["busy_s_by_rank"] == pytest.approx(list(res.busy_s_by_rank), rel=1e-9)
+
+
+def test_measured_step_selection_table_and_png(tmp_path: Path, run_cli) -> None:
+    # A "measured" trace with two steps: step 1 is GPipe slowed down by 2x, shifted in time.
+    sched = generate("gpipe", stages=2, microbatches=4)
+    res = simulate(sched, forward=1.0, backward=2.0)
+    doc = chrome_trace(res.events)
+    events = []
+    for step, (scale, offset) in enumerate([(1.0, 0.0), (2.0, 100.0)]):
+        for e in doc["traceEvents"]:
+            if e["ph"] == "X":
+                events.append({**e, "ts": e["ts"] * scale + offset * 1e6, "dur": e["dur"] * scale,
+                               "args": {**e["args"], "step": step}})
+    measured = tmp_path / "m.json"
+    measured.write_text(json.dumps({"traceEvents": events, "metadata": {"microbatches": 4, "iterations": 1}}))
+    sim = tmp_path / "s.json"
+    sim.write_text(json.dumps(doc))
+    png = tmp_path / "both.png"
+    code, out, err = run_cli("compare", str(measured), str(sim), "--plot", str(png))
+    assert code == 0, err
+    assert "(measured: step 1)" in out
+    lines = {ln.split("  ")[0]: ln for ln in out.splitlines()}
+    assert "-50.0%" in lines["iteration time (s)"]  # simulated is half the measured step 1
+    assert "+0.0 pts" in lines["bubble fraction"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, out, _ = run_cli("compare", str(measured), str(sim), "--step", "0", "--json")
+    assert json.loads(out)["iteration_time_rel_error"] == 0
+
+
+def test_bad_input_is_one_line(tmp_path: Path, run_cli) -> None:
+    good = tmp_path / "g.json"
+    _write_sim_trace(good, "1f1b", 2, 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": []}))
+    assert_one_line_error(*run_cli("compare", str(tmp_path / "missing.json"), str(good))[::2], "MEASURED")
+    assert_one_line_error(*run_cli("compare", str(good), str(bad))[::2], "SIMULATED", "not JSON")
+    assert_one_line_error(*run_cli("compare", str(empty), str(good))[::2], "no compute events")
+    code, _, err = run_cli("compare", str(good), str(good), "--step", "7")
+    assert code == 0  # a trace without steps has nothing to select
+    code, _, err = run_cli("compare", str(good), str(good), "--iterations", "0")
+    assert_one_line_error(code, err, "--iterations")
