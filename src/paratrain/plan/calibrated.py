@@ -17,8 +17,11 @@ dgx-a100 preset's 300 GB/s) is applied to the inter-node links as well.
 from __future__ import annotations
 
 from paratrain.plan.validate import Calibration
+from paratrain.spec.device import resolve_device
 
-__all__ = ["CALIBRATIONS", "VTRAIN_A100"]
+_A100 = resolve_device("a100-80gb")
+
+__all__ = ["CALIBRATIONS", "VTRAIN_A100", "VTRAIN_A100_LINKS"]
 
 VTRAIN_A100 = Calibration(
     gemm_efficiency=1.0,
@@ -29,4 +32,14 @@ VTRAIN_A100 = Calibration(
     link_efficiency=0.7255,
 )
 
-CALIBRATIONS = {"vtrain-a100": VTRAIN_A100}
+# Step (1) alone: the links fitted to the all-reduce microbenchmarks, the device presets untouched.
+VTRAIN_A100_LINKS = Calibration(
+    gemm_efficiency=_A100.gemm_efficiency,
+    memory_efficiency=_A100.memory_efficiency,
+    kernel_overhead_s=_A100.kernel_overhead_s,
+    intra_bandwidth_Bps=2.176e11,
+    intra_latency_s=1.210e-05,
+    link_efficiency=0.7255,
+)
+
+CALIBRATIONS = {"vtrain-a100": VTRAIN_A100, "vtrain-a100-links": VTRAIN_A100_LINKS}

@@ -302,6 +302,7 @@ def plan(
     progress: Progress | None = None,
     memory_limit_bytes: float | None = None,
     overlap_grad_reduce: bool = True,
+    confirm_budget_s: float = 10.0,
 ) -> PlanResult:
     """Search the configurations of ``model`` on all of ``cluster``'s devices.
 
@@ -385,13 +386,18 @@ def plan(
     if pins.partition is None:
         head = [_balanced(model, cluster, c, backend, capacity, flops, overlap_grad_reduce) for c in head]
         head.sort(key=lambda c: c.analytic.iteration_time_s)
+    head = _distinct(head)
     confirmed: list[Candidate] = []
     rest = list(head)
     if backend.simulate is not None:
         tried = 0
         queue = list(rest)
         rest = []
+        sim_start = time.perf_counter()
         while queue and len(confirmed) < confirm and tried < 4 * confirm:
+            # Each simulation of a deep pipeline takes seconds: past the budget, stop at one.
+            if confirmed and time.perf_counter() - sim_start > confirm_budget_s:
+                break
             cand = queue.pop(0)
             tried += 1
             sim = _simulated(model, cluster, cand, backend, flops, overlap_grad_reduce)
