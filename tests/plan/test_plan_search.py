@@ -135,3 +135,31 @@ def test_model_fits_nowhere_names_the_memory_and_gpu_count():
 def test_pin_not_dividing_the_gpus(fake_backend):
     with pytest.raises(ConfigError, match="--tp"):
         plan(MODEL, CLUSTER, 256, pins=Pins(tp=3), backend=fake_backend)
+
+
+def test_pinned_partition_is_used_where_it_fits(fake_backend):
+    res = plan(MODEL, CLUSTER, 256, pins=Pins(pp=2, partition=(13, 11)), backend=fake_backend)
+    assert all(c.config.partition == (13, 11) and c.config.num_chunks == 2 for c in res.ranked)
+    assert res.rejected.get("partition_mismatch", 0) > 0
+    with pytest.raises(ConfigError, match="--partition"):
+        plan(MODEL, CLUSTER, 256, pins=Pins(partition=(13, 12)), backend=fake_backend)
+    with pytest.raises(ConfigError, match="--partition"):
+        plan(
+            MODEL,
+            CLUSTER,
+            256,
+            pins=Pins(pp=2, schedule=ScheduleName.ONE_F_ONE_B, partition=(5, 5, 5, 9)),
+            backend=fake_backend,
+        )
+
+
+def test_sweep_records_points_that_fail(fake_backend):
+    from paratrain.plan.sweep import parse_sweep, sweep
+
+    var, values = parse_sweep("batch=256,7")
+    assert (var, values) == ("batch", [256, 7])
+    points = sweep(MODEL, CLUSTER, 256, var, values, plan, pins=Pins(dp=32), backend=fake_backend)
+    assert points[0].result is not None and points[0].result.winner.config.global_batch == 256
+    assert points[1].result is None and "global-batch" in points[1].error
+    with pytest.raises(ConfigError, match="--sweep"):
+        parse_sweep("gpus=")

@@ -318,6 +318,12 @@ def plan(
         raise ConfigError(
             "--global-batch", f"must be a positive integer, got {global_batch!r}", "e.g. --global-batch 512"
         )
+    if pins.partition is not None and sum(pins.partition) != model.layers:
+        raise ConfigError(
+            "--partition",
+            f"sums to {sum(pins.partition)} layers, {model.name} has {model.layers}",
+            "give layer counts that add up to the model's layers",
+        )
     capacity = float(memory_limit_bytes or cluster.device.memory_bytes)
     flops = backend.model_flops(model, global_batch)
     rejected = Rejections()
@@ -345,6 +351,9 @@ def plan(
                 m = global_batch // (kw["dp"] * mb)
                 if not schedule_rule_ok(kw["schedule"], kw["pp"], kw["virtual_stages"], m):
                     rejected.add("schedule_rule")
+                    continue
+                if pins.partition is not None and len(pins.partition) != kw["pp"] * kw["virtual_stages"]:
+                    rejected.add("partition_mismatch")
                     continue
                 config = ParallelConfig(**kw, microbatch=mb)
                 if pins.partition is not None:
@@ -476,6 +485,12 @@ def _nothing_fits(
             fix,
         )
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.counts.items()))
+    if rejected.counts.get("partition_mismatch"):
+        raise ConfigError(
+            "--partition",
+            f"no candidate has as many chunks as the pinned partition ({reasons})",
+            "pin --pp (and --virtual-stages) to match the partition's length",
+        )
     raise ConfigError(
         "--schedule",
         f"no candidate satisfies the schedules' rules ({reasons})",

@@ -46,6 +46,7 @@ REASONS = {
     "batch_indivisible": "global batch not divisible by dp × micro-batch",
     "schedule_rule": "schedule's rule on stages / micro-batches violated",
     "tp_crosses_nodes": "tensor parallel group larger than a node",
+    "partition_mismatch": "pinned partition has another number of chunks",
     "out_of_memory": "peak memory above device memory",
     "slower_than_top": "busiest rank's compute alone slower than the best found",
     "simulator_out_of_memory": "simulator found peak memory above device memory",
