@@ -6,9 +6,12 @@ IR's execution semantics and never looks at the schedule's name.
 * ``F`` runs a chunk on its input: token ids (chunk 0), the tensor an ``RF`` received, or the
   output of the neighbouring chunk when that one lives on this rank (detached, so that every
   chunk's backward is its own graph). The last chunk adds the loss, scaled by ``1/accumulation``.
-* ``B`` is one ``torch.autograd.grad`` of the chunk's output w.r.t. its input and its weights;
-  ``I`` the same w.r.t. the input only (graph retained), ``W`` w.r.t. the weights only (zero-bubble
-  split, Qi et al. ICLR'24). Weight gradients are added to the live parameters' ``.grad``.
+* ``B`` is one ``torch.autograd.grad`` of the chunk's output w.r.t. its input and its weights.
+  ``I`` computes the input gradient only and keeps the gradients flowing into the weights'
+  consumers; ``W`` continues from those to the weight gradients (zero-bubble split, Qi et al.
+  ICLR'24; the two halves are ``torch.distributed.pipelining``'s ``stage_backward_input`` and
+  ``stage_backward_weight``, so ``I + W`` costs about one ``B``). Weight gradients are added to
+  the live parameters' ``.grad``.
 * A run of consecutive ``SF/RF/SB/RB`` is one ``batch_isend_irecv``; receive buffers are allocated
   from the activation shape known in advance (``[micro-batch, seq, hidden]``), never negotiated.
 * ``R`` and ``U`` call the :class:`StepHooks` (gradient reduction launch; wait + optimizer step).
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.func import functional_call
 
 from paratrain.errors import ConfigError
@@ -144,6 +148,7 @@ class PipelineEngine:
         self._grads: dict[Key, torch.Tensor] = {}  # gradient w.r.t. the output of (mb, chunk, replica)
         self._saved: dict[Key, tuple[torch.Tensor, torch.Tensor | None, int | None]] = {}  # (output, input, version)
         self._to_send: dict[tuple[ActionKind, int, int, int], torch.Tensor] = {}
+        self._split: dict[Key, tuple[list[dict[str, Any]], int | None]] = {}  # I done, W pending
         self._microbatch = microbatch
         acts, n, i = self.actions, len(self.actions), 0
         while i < n:
@@ -164,7 +169,7 @@ class PipelineEngine:
             if self.record:
                 self.spans.append(ActionSpan(str(a), _CATEGORY[a.kind], start, time.perf_counter(), a.microbatch))
             i += 1
-        leftover = [k for k in (*self._saved, *self._inputs, *self._grads)]
+        leftover = [k for k in (*self._saved, *self._inputs, *self._grads, *self._split)]
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: tensors of {leftover[:4]} were never consumed")
 
@@ -223,36 +228,48 @@ class PipelineEngine:
     def _backward(self, a: Action, *, inputs_only: bool) -> None:
         key = (a.microbatch, a.chunk, a.replica)
         ch = self.chunks[(a.chunk, a.replica)]
-        out, x_in, version = self._saved[key] if inputs_only else self._saved.pop(key)
-        grad_out = None if ch.is_last else self._grads[key] if inputs_only else self._grads.pop(key)
-        targets: list[torch.Tensor] = [] if x_in is None else [x_in]
-        n_w = 0
-        if not inputs_only:
-            weights = self._weights(ch, version)
-            targets += weights
-            n_w = len(weights)
-        if targets:
-            ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
+        if inputs_only and ch.is_first:
+            return  # I of chunk 0: no input gradient to compute, its W does the whole backward
+        out, x_in, version = self._saved.pop(key)
+        grad_out = None if ch.is_last else self._grads.pop(key)
+        weights = self._weights(ch, version)
+        ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
+        if inputs_only:
+            # torch.distributed.pipelining's split backward: the input gradient now, the gradients
+            # flowing into the weights' consumers kept for W, so W does only the weight part.
             with ctx:
-                grads = torch.autograd.grad(out, targets, grad_outputs=grad_out, retain_graph=inputs_only,
-                                            allow_unused=True)
-        else:  # I of chunk 0: no input gradient to compute, W does all the work
-            grads = ()
+                dinputs, groups = stage_backward_input([out], None if grad_out is None else [grad_out], [x_in],
+                                                       iter(weights))
+            x_in.grad = None
+            self._split[key] = (groups, version)
+            self._pass_input_grad(a, dinputs[0])
+            return
+        targets = ([] if x_in is None else [x_in]) + weights
+        with ctx:
+            grads = torch.autograd.grad(out, targets, grad_outputs=grad_out, allow_unused=True)
         if x_in is not None:
             self._pass_input_grad(a, grads[0])
-        if n_w:
-            self._accumulate(ch, grads[len(grads) - n_w:])
+        self._accumulate(ch, grads[len(grads) - len(weights):])
 
     def _backward_weight(self, a: Action) -> None:
         key = (a.microbatch, a.chunk, a.replica)
         ch = self.chunks[(a.chunk, a.replica)]
-        out, _, version = self._saved.pop(key)
-        grad_out = None if ch.is_last else self._grads.pop(key)
+        split = self._split.pop(key, None)
+        if split is None:  # chunk 0: the whole backward, weights only
+            self._backward(a, inputs_only=False)
+            return
+        groups, version = split
         weights = self._weights(ch, version)
-        ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
-        with ctx:
-            grads = torch.autograd.grad(out, weights, grad_outputs=grad_out, allow_unused=True)
-        self._accumulate(ch, grads)
+        if version is None:
+            stage_backward_weight(iter(weights), groups)  # accumulates into the live .grad
+            return
+        before = [w.grad for w in weights]
+        for w in weights:
+            w.grad = None
+        stage_backward_weight(iter(weights), groups)
+        self._accumulate(ch, [w.grad for w in weights])
+        for w, g in zip(weights, before, strict=True):
+            w.grad = g
 
     def _pass_input_grad(self, a: Action, g: torch.Tensor | None) -> None:
         if g is None:
