@@ -80,6 +80,12 @@ def test_chimera_places_two_replicas_per_rank() -> None:
     assert sorted(reps.values()).count(1) == 4
 
 
+def test_weight_versions_counted_when_a_document_omits_them() -> None:
+    doc = generate("2bw", stages=4, microbatches=4).to_dict()
+    del doc["weight_versions"]
+    assert Schedule.from_dict(doc).weight_versions == 2
+
+
 def test_text_and_dict_round_trip() -> None:
     for name in SCHEDULE_NAMES:
         s = _gen(name, 4, 8)

@@ -316,7 +316,7 @@ class Schedule:
         micro = int(doc.get("microbatches", (max(mbs) + 1) // iterations if mbs else 0))
         if doc.get("insert_p2p"):
             actions = insert_p2p(actions, placement)
-        return cls(
+        sched = cls(
             name=str(doc.get("name", "custom")),
             stages=stages,
             microbatches=micro,
@@ -325,6 +325,14 @@ class Schedule:
             iterations=iterations,
             weight_versions=int(doc.get("weight_versions", 1)),
         )
+        if "weight_versions" not in doc and any(a.version is not None for row in actions for a in row):
+            # count them from the version annotations (raises, naming rank and action, if they are wrong)
+            import dataclasses
+
+            from paratrain.schedule.validate import inflight_and_versions
+
+            sched = dataclasses.replace(sched, weight_versions=max(inflight_and_versions(sched)[1]))
+        return sched
 
 
 def insert_p2p(

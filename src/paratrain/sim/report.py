@@ -245,7 +245,9 @@ def simulate(
         bubble_fraction=sum(i / it for i in idle) / len(idle) if it > 0 else 0.0,
         peak_inflight_by_rank=inflight,
         weight_versions_by_rank=versions,
-        comm_time_by_kind={k: v / schedule.iterations for k, v in run.comm_time_by_kind.items()},  # per iteration
+        comm_time_by_kind={
+            k: v / schedule.iterations for k, v in run.comm_time_by_kind.items()
+        },  # mean per batch, fill and drain included
         events=run.events,
         comm_log=run.comm_log,
         actions=run.actions,
