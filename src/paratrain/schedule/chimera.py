@@ -10,11 +10,15 @@ rank ``D-1-c``, times the data-parallel ranks) once both chunks of the rank are 
 several basic units that overlaps the draining of the last unit.
 
 Per-rank orders come from the paper's construction: a unit-time simulation in which every forward
-and every backward takes one slot, micro-batches advance one rank per slot, and a rank prefers a
-ready backward over a ready forward. A replica's chunk ``c`` admits at most ``min(D/2, D-c)``
-micro-batches at once (what one basic unit holds). With ``D`` even the two directions never compete
-for a slot in a basic unit, leaving ``D-2`` idle slots per rank against 1F1B's ``2(D-1)``: a bubble
-fraction of ``(D-2)/(2N+D-2)`` for ``N = D`` (paper, Table 1, forward and backward of equal length).
+and every backward takes one slot and micro-batches advance one rank per slot. As in the lock-step
+1F1B both Chimera directions are built from (DeepSpeed's ``TrainSchedule``), the forward of chunk
+``c`` runs only in slots of the parity of ``c`` and the backward in the other parity; a rank
+prefers a ready backward over a ready forward, and a replica's chunk ``c`` admits at most
+``min(D/2, D-c)`` micro-batches at once (what one basic unit holds). With ``D`` even the two
+directions never compete for a slot, leaving ``D-2`` idle slots per rank against 1F1B's ``2(D-1)``:
+a bubble fraction of ``(D-2)/(2N+D-2)`` (paper, Table 1, forward and backward of equal length;
+``tests/sim`` checks it for N = D up to N = 4D). With backward twice the forward this slot
+structure idles more than the formula says (see docs/schedules.md).
 
 Validity: ``D`` even (the two directions collide otherwise, paper Sec. 3.1) and ``N`` a multiple of
 ``D`` (whole basic units; the reference implementation asserts the same).
