@@ -89,7 +89,20 @@ def test_plan_table_and_json_keys(capsys):
     assert code == 0
     assert "tokens/s" in out and "Rejected candidates" in out and "Winner" in out
     code, out, _ = _run(
-        capsys, ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "128", "--json", "--confirm", "2"]
+        capsys,
+        [
+            "plan",
+            "--model",
+            "gpt3-1.3b",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "128",
+            "--json",
+            "--confirm",
+            "2",
+            "--advise-shape",
+        ],
     )
     doc = json.loads(out)
     for key in (
@@ -108,6 +121,7 @@ def test_plan_table_and_json_keys(capsys):
     assert doc["candidates"][0]["iteration_time_s"] == doc["iteration_time_s"]
     sims = [c["iteration_time_s"] for c in doc["candidates"] if c["source"] == "sim"]
     assert min(sims) == doc["iteration_time_s"]
+    assert all(s["speedup"] > 1 for s in doc["shape_advice"])
 
 
 def test_sweep_writes_table_and_plot(capsys, tmp_path):
@@ -199,3 +213,43 @@ def test_validate_bad_files(capsys, tmp_path):
         "8,16,2,1024,16,24,1024,2,2,1,100.0\n"
     )
     _fails(capsys, ["validate", str(wrong)], "tp*dp*pp")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_plan_document_trains(tmp_path):
+    """The run document `plan -o` writes is what `paratrain train --config` runs."""
+    import subprocess
+    import sys
+
+    doc = tmp_path / "tiny.json"
+    exe = [sys.executable, "-m", "paratrain"]
+    subprocess.run(
+        [
+            *exe,
+            "plan",
+            "--model",
+            "gpt-tiny",
+            "--cluster",
+            "cpu",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "-o",
+            str(doc),
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    par = json.loads(doc.read_text())["config"]["parallel"]
+    out = subprocess.run(
+        [*exe, "train", "--config", str(doc), "--steps", "1", "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"dp={par['dp']} tp={par['tp']} pp={par['pp']}" in out.stdout + out.stderr
