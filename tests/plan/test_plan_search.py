@@ -163,3 +163,10 @@ def test_sweep_records_points_that_fail(fake_backend):
     assert points[1].result is None and "global-batch" in points[1].error
     with pytest.raises(ConfigError, match="--sweep"):
         parse_sweep("gpus=")
+
+
+def test_pinned_virtual_stages_select_interleaving(fake_backend):
+    res = plan(MODEL, CLUSTER, 256, pins=Pins(virtual_stages=3), backend=fake_backend)
+    assert all(c.config.schedule is ScheduleName.INTERLEAVED and c.config.virtual_stages == 3 for c in res.ranked)
+    res = plan(MODEL, CLUSTER, 256, pins=Pins(virtual_stages=1), backend=fake_backend)
+    assert all(c.config.virtual_stages == 1 for c in res.ranked)

@@ -181,6 +181,8 @@ def _schedule_options(model: ModelSpec, layout: Layout, pins: Pins) -> Iterator[
     for s in scheds:
         if p == 1 and pins.schedule is None and s is not ScheduleName.ONE_F_ONE_B:
             continue  # with one stage every schedule is the same; keep one
+        if pins.virtual_stages is not None and (pins.virtual_stages > 1) != (s is ScheduleName.INTERLEAVED):
+            continue  # a pinned chunk count decides between interleaving and the one-chunk schedules
         if s is ScheduleName.INTERLEAVED:
             if pins.virtual_stages is not None:
                 yield s, pins.virtual_stages
