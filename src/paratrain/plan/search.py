@@ -330,8 +330,9 @@ def plan(
     grid: list[tuple[Layout, list[int], list[dict]]] = []
     for lay in layouts(model, cluster, global_batch, pins, rejected):
         mbs = microbatches(global_batch, lay, pins, rejected)
-        if mbs:
-            grid.append((lay, mbs, list(variants(model, global_batch, lay, pins))))
+        kws = list(variants(model, global_batch, lay, pins)) if mbs else []
+        if kws:
+            grid.append((lay, mbs, kws))
     total = sum(len(m) * len(v) for _, m, v in grid)
     considered = total + sum(rejected.counts.values())
     if not grid:

@@ -185,7 +185,8 @@ def _schedule_options(model: ModelSpec, layout: Layout, pins: Pins) -> Iterator[
             continue  # a pinned chunk count decides between interleaving and the one-chunk schedules
         if s is ScheduleName.INTERLEAVED:
             if pins.virtual_stages is not None:
-                yield s, pins.virtual_stages
+                if p * pins.virtual_stages <= model.layers:
+                    yield s, pins.virtual_stages
                 continue
             for v in range(2, pins.max_virtual_stages + 1):
                 if p * v <= model.layers and model.layers % (p * v) == 0:
