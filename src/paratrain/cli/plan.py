@@ -125,6 +125,7 @@ def result_document(model: Any, cluster: Any, result: Any) -> dict[str, Any]:
     doc["rejected"] = dict(sorted(result.rejected.items()))
     doc["considered"] = result.considered
     doc["evaluated"] = result.evaluated
+    doc["memory_checked"] = result.memory_checked
     doc["search_time_s"] = result.search_time_s
     return doc
 

@@ -111,7 +111,8 @@ class Candidate:
 @dataclass(frozen=True)
 class PlanResult:
     ranked: tuple[Candidate, ...]  # best first
-    evaluated: int  # candidates whose cost was computed
+    evaluated: int  # candidates whose full closed form was computed (the others were pruned)
+    memory_checked: int  # candidates whose memory was computed
     considered: int  # candidates in the search space, rejected ones included
     rejected: dict[str, int]
     search_time_s: float
@@ -343,6 +344,7 @@ def plan(
     best: list[tuple[float, int, Candidate]] = []  # max-heap (negated time) of the `keep` fastest
     leanest: tuple[float, ParallelConfig] | None = None
     feasible: list[tuple[float, int, ParallelConfig]] = []
+    n_memory = n_evaluated = 0
     for _lay, mbs, kws in grid:
         for kw in kws:
             for i, mb in enumerate(mbs):
@@ -362,6 +364,7 @@ def plan(
                 elif (part := _even_partition(model, config)) is not None:
                     config = replace(config, partition=part)
                 st = _stats(model, cluster, config, backend)
+                n_memory += 1
                 peak = max(memory_by_rank(config, st, chimera_extra_bytes(config, st)))
                 if peak > capacity:
                     if leanest is None or peak < leanest[0]:
@@ -379,6 +382,7 @@ def plan(
             rejected.add("slower_than_top", len(feasible) - j)
             break
         cand = evaluate(model, cluster, config, backend, flops, overlap_grad_reduce=overlap_grad_reduce)
+        n_evaluated += 1
         item = (-cand.analytic.iteration_time_s, j, cand)
         if len(best) < keep:
             heapq.heappush(best, item)
@@ -387,7 +391,7 @@ def plan(
     if progress is not None:
         progress(total, total)
     results = [c for _, _, c in sorted(best, reverse=True)]
-    evaluated = total - rejected.counts.get("schedule_rule", 0)
+    evaluated = n_evaluated
     if not results:
         _nothing_fits(model, cluster, global_batch, rejected, leanest, capacity)
 
@@ -423,6 +427,7 @@ def plan(
     return PlanResult(
         ranked=ranked,
         evaluated=evaluated,
+        memory_checked=n_memory,
         considered=considered,
         rejected=dict(rejected.counts),
         search_time_s=time.perf_counter() - start,
