@@ -34,7 +34,8 @@ def main() -> None:
         sched = cfg.schedule.value + (f" v={cfg.virtual_stages}" if cfg.virtual_stages > 1 else "")
         print(
             f"{name} on {gpus} GPUs, batch {batch}: search {wall:.2f} s (target {target_s:.0f} s, "
-            f"{'OK' if wall <= target_s else 'OVER'}); {res.considered} candidates, {res.memory_checked} memory-checked, "
+            f"{'OK' if wall <= target_s else 'OVER'}); {res.considered} candidates, "
+            f"{res.memory_checked} memory-checked, "
             f"{res.evaluated} timed by the closed forms, "
             f"{sum(1 for c in res.ranked if c.simulated is not None)} simulated"
         )
