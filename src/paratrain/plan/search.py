@@ -253,9 +253,9 @@ def _balanced(
     if config.num_chunks < 2 or model.layers < 3 or config.virtual_stages > 1:
         return cand
     units = _layer_list(model, cluster, config, backend)
-    v = config.virtual_stages
-    budget = capacity if v == 1 else None  # several chunks share a rank's memory: checked after
-    part = partition_fast(units, config.num_chunks, memory_budget_bytes=budget, inflight=inflight_per_chunk(config))
+    # The budget covers static state and held activations; the full memory model (with the
+    # backward's transient working set) re-checks the result below.
+    part = partition_fast(units, config.num_chunks, memory_budget_bytes=capacity, inflight=inflight_per_chunk(config))
     if part is None or part.layers == config.layers_per_chunk(model.layers):
         return cand
     trial = evaluate(
