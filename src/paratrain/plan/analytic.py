@@ -10,22 +10,28 @@ micro-batches, ``F``/``B`` forward/backward time of a stage (backward includes r
 Sources of the closed forms:
 - GPipe and 1F1B: idle time ``(p-1)(F+B)`` per iteration (Huang et al. 2019; Narayanan et al.
   SC 2021, eq. 1); the transfers of the first micro-batch add ``2(p-1)c``.
-- 1F1B keeps at most ``p`` micro-batches in flight, so micro-batch ``j+p`` cannot start its
-  backward on rank 0 before micro-batch ``j`` has completed the round trip through every stage
-  and back: ``L = Σ_s(F_s+B_s) + 2(p-1)c``. Rank 0 therefore finishes micro-batch ``j`` at
-  ``L + ⌊j/p⌋·max(L, p·P) + (j mod p)·P`` with ``P = max_s(F_s+B_s)``; with free communication
-  and uniform stages this is the textbook ``(m+p-1)(F+B)``.
+- Steady state with transfers: a receive is posted when the rank reaches it and takes ``c`` from
+  then (the simulator's rule, as in an executor that waits on its receives), and in 1F1B two
+  neighbours hand a micro-batch back and forth, so each micro-batch costs ``P + c`` with
+  ``P = max_s(F_s+B_s)``. 1F1B also keeps at most ``p`` micro-batches in flight, so the round
+  trip ``L = Σ_s(F_s+B_s) + 2(p-1)c`` of one micro-batch is shared by ``p``: the period is
+  ``max(P + c, L/p)`` and the iteration ``L + (m-1)·max(P + c, L/p)``; with free communication and
+  uniform stages this is the textbook ``(m+p-1)(F+B)``.
 - Interleaved 1F1B: bubble ``(p-1)(f+b)`` for chunk times ``f``/``b``, i.e. ``1/v`` of 1F1B's
-  (Narayanan et al. SC 2021, sec. 2.2), with ``v`` times as many transfers.
+  (Narayanan et al. SC 2021, sec. 2.2), with ``v`` times as many transfers. Assumes equal chunks:
+  a much heavier end chunk (the LM head on a one-layer chunk) makes the others wait, which this
+  form does not count (up to 8 % optimistic against the simulator in that case).
 - ZB-H1: bubble ``(p-1)(F + B_input - W)`` where ``W`` is the deferred weight-gradient part
   (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3.1).
-- Chimera with two opposite pipelines: bubble ratio ``(p-2)/(2m+p-2)``, i.e. ``(p-2)/2·(F+B)``
-  of idle time (Li & Hoefler, SC 2021, Table 2).
+- Chimera with two opposite pipelines: ``(p-2)`` idle forward slots for one basic unit of ``p``
+  micro-batches with ``F = B`` (Li & Hoefler, SC 2021, Table 1); for ``k = m/p`` concatenated
+  units the simulated construction idles ``(p-2)(f + k(b-f))``.
 - PipeDream and 2BW: no flush; in steady state one micro-batch leaves every ``max_s(F_s+B_s)``.
 
 Peak activation memory holds ``m`` micro-batches under GPipe, ``min(p-s, m)`` on stage ``s``
-under 1F1B/ZB-H1/PipeDream, and for interleaved 1F1B ``min(v·m, (v-1)·p + 2(p-1-r) + 1)``
-chunk-micro-batches on rank ``r`` (Megatron-LM's warm-up count).
+under 1F1B/PipeDream, ``p`` on every stage under ZB-H1, and for interleaved 1F1B
+``min(v·m, (v-1)·p + 2(p-1-r) + 1)`` chunk-micro-batches on rank ``r`` (Megatron-LM's warm-up
+count); a backward adds its recomputed working set on top.
 """
 
 from __future__ import annotations
