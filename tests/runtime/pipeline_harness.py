@@ -45,7 +45,10 @@ def main() -> None:
     ctx = init_runtime(base, timeout_s=120)
     for entry in a.schedules.split(","):
         name, _, variant = entry.partition(":")
-        spec = dataclasses.replace(preset("gpt-tiny"), layers=a.layers, tied_embeddings=variant != "untied")
+        # No biases: the key projection's bias has an identically zero gradient (softmax ignores a
+        # constant added to every key), so its value would be rounding noise that Adam amplifies.
+        spec = dataclasses.replace(preset("gpt-tiny"), layers=a.layers, tied_embeddings=variant != "untied",
+                                   bias=False)
         cfg = base.with_overrides(schedule=name, virtual_stages=2 if name == "interleaved" else 1)
         trace = f"{a.out}/{entry.replace(':', '-')}.trace.json" if a.trace and cfg.pp > 1 else None
         train = TrainConfig(steps=a.steps, seed=a.seed, lr=a.lr, data="stdlib", data_cap_bytes=DATA_CAP_BYTES,

@@ -282,17 +282,21 @@ class PipelineExecutor:
         from .train import lr_at
 
         t = self.trainer
-        start = time.perf_counter()
+        record = self.engine is not None and self.engine.record
         step = min(index // self._u_per_step, t.train.steps - 1) if self.is_async else self._current_step
         lr = lr_at(step, t.train)
         for group in t.optimizer.param_groups:
             group["lr"] = lr
         sq = self._grad_norm_sq()
+        start = time.perf_counter()
         if self.is_async:
             if self.stage_group is not None:
                 dist.all_reduce(sq, group=self.stage_group)
         elif t.ctx.world_size > 1:
             dist.all_reduce(sq)
+        if record:  # mostly waiting for the last rank to finish its backward work
+            self.engine.spans.append(ActionSpan("allreduce(grad norm)", "reduce", start, time.perf_counter(), None))
+        start = time.perf_counter()
         norm = sq.sqrt()
         coef = torch.clamp(t.train.grad_clip / (norm + 1e-6), max=1.0)
         with torch.no_grad():
@@ -302,7 +306,7 @@ class PipelineExecutor:
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
         self._grad_norm = float(norm)
-        if self.engine is not None and self.engine.record:
+        if record:
             self.engine.spans.append(ActionSpan("U", "optimizer", start, time.perf_counter(), None))
 
     # ----- the step ------------------------------------------------------------------------------

@@ -14,6 +14,10 @@ IR's execution semantics and never looks at the schedule's name.
   the live parameters' ``.grad``.
 * A run of consecutive ``SF/RF/SB/RB`` is one ``batch_isend_irecv``; receive buffers are allocated
   from the activation shape known in advance (``[micro-batch, seq, hidden]``), never negotiated.
+  The rank waits for the batch's receives; its sends complete in the background (the tensor is
+  kept until they do, and all are waited for at the end of the list), the eager-send model the
+  simulator uses by default and ``torch.distributed.pipelining`` implements. The IR's validator
+  proves deadlock freedom under blocking sends, which implies it for eager ones.
 * ``R`` and ``U`` call the :class:`StepHooks` (gradient reduction launch; wait + optimizer step).
 * ``version`` (asynchronous schedules): the forward runs on a snapshot of the weights as they were
   after ``version`` optimizer steps of this rank, and the backward of that micro-batch differentiates
@@ -69,7 +73,9 @@ class StepHooks(Protocol):
 
     def finish_reductions(self) -> None: ...
 
-    def optimizer_step(self, index: int) -> None: ...
+    def optimizer_step(self, index: int) -> None:
+        """Apply the step; when recording, append its spans (``U`` on the compute stream, waits
+        for other ranks on the communication stream) to the engine's ``spans``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +155,7 @@ class PipelineEngine:
         self._saved: dict[Key, tuple[torch.Tensor, torch.Tensor | None, int | None]] = {}  # (output, input, version)
         self._to_send: dict[tuple[ActionKind, int, int, int], torch.Tensor] = {}
         self._split: dict[Key, tuple[list[dict[str, Any]], int | None]] = {}  # I done, W pending
+        self._sends: list[tuple[Any, torch.Tensor]] = []  # posted sends and their tensors, until done
         self._microbatch = microbatch
         acts, n, i = self.actions, len(self.actions), 0
         while i < n:
@@ -166,9 +173,12 @@ class PipelineEngine:
                 self.hooks.finish_reductions()  # waiting for reductions is not optimizer work
             start = time.perf_counter()
             self._execute(a, i)
-            if self.record:
+            if self.record and a.kind is not K.OPTIMIZER_STEP:  # the hooks time U's parts themselves
                 self.spans.append(ActionSpan(str(a), _CATEGORY[a.kind], start, time.perf_counter(), a.microbatch))
             i += 1
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
         leftover = [k for k in (*self._saved, *self._inputs, *self._grads, *self._split)]
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: tensors of {leftover[:4]} were never consumed")
@@ -262,6 +272,9 @@ class PipelineEngine:
         weights = self._weights(ch, version)
         if version is None:
             stage_backward_weight(iter(weights), groups)  # accumulates into the live .grad
+            for w in weights:
+                if w.grad is not None:
+                    w.grad = _like_param(w.grad, w)
             return
         before = [w.grad for w in weights]
         for w in weights:
@@ -286,6 +299,7 @@ class PipelineEngine:
             for p, g in zip(ch.params.values(), grads, strict=True):
                 if g is None:
                     continue
+                g = _like_param(g, p)
                 if p.grad is None:
                     p.grad = g.detach().clone() if g.requires_grad else g
                 else:
@@ -339,13 +353,30 @@ class PipelineEngine:
                 ops.append(dist.P2POp(dist.irecv, buf, peer, self.group))
                 store = self._inputs if a.kind is K.RECV_ACT else self._grads
                 landed.append((store, (a.microbatch, a.chunk, a.replica), buf))
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        works = dist.batch_isend_irecv(ops)
+        for op, work in zip(ops, works, strict=True):
+            if op.op is dist.isend:
+                self._sends.append((work, op.tensor))
+            else:
+                work.wait()
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
         for store, key, buf in landed:
             store[key] = buf
         if self.record:
             mb = batch[0].microbatch if len(batch) == 1 else None
             self.spans.append(ActionSpan(" ".join(map(str, batch)), "p2p", start, time.perf_counter(), mb))
+
+
+def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The gradient with its parameter's DTensor placements. Autograd's accumulation hooks do this
+    for ``.backward()`` (the vocabulary-parallel embedding's backward yields a ``Replicate()``
+    gradient for a ``Shard(0)`` table); gradients taken with ``autograd.grad`` need it here.
+    Replicate -> Shard is a local slice, no communication."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        return g.redistribute(p.device_mesh, p.placements)
+    return g
 
 
 def _local(t: Any) -> torch.Tensor:
