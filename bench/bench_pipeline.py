@@ -1,0 +1,344 @@
+"""Pipeline engine benchmark: paratrain's engine against torch.distributed.pipelining, and measured
+timelines against the calibrated simulator.
+
+    .venv/bin/python bench/bench_pipeline.py                # ~3 minutes on a 2-core machine
+    .venv/bin/python bench/bench_pipeline.py --steps 8 --layers 8 --hidden 128 --seq 128
+
+Two processes (pp=2), one thread each (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``): on a
+2-core machine more processes share cores and distort every timing. One torchrun launch runs, for
+each schedule, paratrain's engine and (GPipe, 1F1B, interleaved 1F1B) torch's own
+``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` on the same model (an untied
+GPT: torch's stages cannot share the embedding with the head), the same micro-batches and the same
+processes, each step followed by the same global-norm clipping and AdamW step. Iteration time =
+median step time after the first step.
+
+Then it calibrates the ``cpu`` device with one thread (``paratrain calibrate`` into a temporary
+cache) and simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``),
+comparing bubble fraction and iteration time with the engine's measured trace (both computed as in
+``paratrain compare``; measured: mean over the steps after the first). Targets (issue 6): ratio
+ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time within 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SYNC_PEERS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "chimera", "pipedream", "2bw")
+
+
+def _spec(a: argparse.Namespace):
+    from paratrain.spec.model import preset
+
+    return dataclasses.replace(preset("gpt-tiny"), name="bench-gpt", layers=a.layers, hidden=a.hidden, heads=a.heads,
+                               seq=a.seq, vocab=a.vocab, tied_embeddings=False)
+
+
+def _config(a: argparse.Namespace, name: str):
+    from paratrain.parallel.config import ParallelConfig
+
+    return ParallelConfig(pp=2, microbatch=a.microbatch, global_batch=a.microbatch * a.microbatches, schedule=name,
+                          virtual_stages=2 if name == "interleaved" else 1, dtype="fp32")
+
+
+# ----- worker (one of the two processes) -----------------------------------------------------------
+
+def _torch_pipelining(a: argparse.Namespace, ctx, name: str) -> list[float]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    from paratrain.runtime.data import DataSource, load_corpus
+    from paratrain.runtime.models import TransformerLM, build_model
+
+    spec, cfg = _spec(a), _config(a, name)
+    model = build_model(spec, a.seed)
+    v, n_chunks = cfg.virtual_stages, cfg.num_chunks
+    per = spec.layers // n_chunks
+    rank = ctx.pp_rank
+    indices = [rank + k * 2 for k in range(v)]  # looped placement, as the interleaved schedule's
+    stages = [pipelining.PipelineStage(model.chunk(i * per, (i + 1) * per), i, n_chunks, ctx.device)
+              for i in indices]
+    params = [p for s in stages for p in s.submod.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    cls = getattr(pipelining, SYNC_PEERS[name])
+    sched = cls(stages if v > 1 else stages[0], n_microbatches=a.microbatches, loss_fn=TransformerLM.loss)
+    data = DataSource(load_corpus("synthetic"), spec, seed=a.seed, global_batch=cfg.global_batch,
+                      microbatch=cfg.global_batch)
+    times = []
+    for step in range(a.steps):
+        b = data.local_batch(step, 0, 1)
+        x, y = b.microbatch(0)
+        t0 = time.perf_counter()
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=[])
+        sq = sum(p.grad.pow(2).sum() for p in params if p.grad is not None)
+        dist.all_reduce(sq)
+        coef = torch.clamp(1.0 / (sq.sqrt() + 1e-6), max=1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _ours(a: argparse.Namespace, ctx, name: str, out: Path) -> list[float]:
+    import torch
+
+    from paratrain.runtime.train import TrainConfig, Trainer
+
+    cfg = _config(a, name)
+    train = TrainConfig(steps=a.steps, seed=a.seed, lr=1e-4, data="synthetic", progress=False,
+                        trace=str(out / f"{name}.trace.json"))
+    torch.manual_seed(a.seed)
+    trainer = Trainer(dataclasses.replace(ctx, config=cfg), _spec(a), train)
+    rows = [trainer.train_step(k) for k in range(a.steps)]
+    trainer.executor.finish()
+    return [r["step_time_s"] for r in rows]
+
+
+def _profile(a: argparse.Namespace, ctx) -> dict[str, object]:
+    """Per-chunk durations measured in isolation on this machine (both ranks measure at once, one
+    thread each, as during the pipeline runs): forward, backward, its input and weight halves and
+    the optimizer step of every chunk of the 2- and 4-chunk partitions; one p2p transfer; one
+    gradient all-reduce per chunk between the two ranks (Chimera's replica reduction)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from paratrain.runtime.data import DataSource, load_corpus
+    from paratrain.runtime.models import TransformerLM, build_model
+
+    spec = _spec(a)
+    model = build_model(spec, a.seed)
+    data = DataSource(load_corpus("synthetic"), spec, seed=a.seed, global_batch=a.microbatch, microbatch=a.microbatch)
+    x_tok, y = data.local_batch(0, 0, 1).microbatch(0)
+    shape = (a.microbatch, spec.seq, spec.hidden)
+    reps = 5
+
+    def median_time(fn) -> float:
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    out: dict[str, object] = {}
+    for n_chunks in (2, 4):
+        per = spec.layers // n_chunks
+        rows = []
+        for c in range(n_chunks):
+            ch = model.chunk(c * per, (c + 1) * per)
+            weights = [p for p in ch.parameters()]
+            first, last = c == 0, c == n_chunks - 1
+
+            def fwd(ch=ch, first=first, last=last):
+                x = x_tok if first else torch.randn(shape, requires_grad=True)
+                o = ch(x)
+                if last:
+                    o = TransformerLM.loss(o, y)
+                return x, o
+
+            def grad_of(o, last=last):
+                return None if last else [torch.randn_like(o)]
+
+            t_f = median_time(lambda fwd=fwd: fwd())
+
+            def full(fwd=fwd, weights=weights, first=first, grad_of=grad_of):
+                x, o = fwd()
+                g = grad_of(o)
+                torch.autograd.grad([o], ([] if first else [x]) + weights, grad_outputs=g)
+
+            t_fb = median_time(full)
+
+            def split(fwd=fwd, weights=weights, first=first, grad_of=grad_of):
+                x, o = fwd()
+                g = grad_of(o)
+                if first:
+                    return 0.0, 0.0
+                t0 = time.perf_counter()
+                _, groups = stage_backward_input([o], g, [x], iter(weights))
+                t1 = time.perf_counter()
+                stage_backward_weight(iter(weights), groups)
+                t2 = time.perf_counter()
+                for w in weights:
+                    w.grad = None
+                return t1 - t0, t2 - t1
+
+            halves = [split() for _ in range(reps)]
+            t_b = t_fb - t_f
+            t_i = statistics.median(h[0] for h in halves) if not first else 0.0
+            t_w = statistics.median(h[1] for h in halves) if not first else t_b
+            opt = torch.optim.AdamW(weights, lr=1e-4, foreach=False)
+            for w in weights:
+                w.grad = torch.zeros_like(w)
+            t_opt = median_time(opt.step)
+            flat = torch.zeros(sum(w.numel() for w in weights))
+            t_red = median_time(lambda flat=flat: dist.all_reduce(flat))
+            rows.append({"forward_s": t_f, "backward_s": t_b, "input_s": t_i, "weight_s": t_w, "optimizer_s": t_opt,
+                         "reduce_s": t_red})
+        out[str(n_chunks)] = rows
+    buf = torch.randn(shape)
+
+    def ping_pong() -> None:
+        if ctx.rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
+    out["p2p_s"] = median_time(ping_pong) / 2
+    return out
+
+
+def worker(a: argparse.Namespace) -> None:
+    import torch
+
+    from paratrain.runtime.mesh import init_runtime
+
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    ctx = init_runtime(_config(a, "1f1b"), timeout_s=600)
+    results: dict[str, dict[str, list[float]]] = {}
+    for name in a.schedules.split(","):
+        results[name] = {"ours": _ours(a, ctx, name, out)}
+        if name in SYNC_PEERS:
+            results[name]["torch"] = _torch_pipelining(a, ctx, name)
+    profile = _profile(a, ctx)
+    if ctx.rank == 0:
+        (out / "times.json").write_text(json.dumps(results))
+        (out / "profile.json").write_text(json.dumps(profile))
+    torch.distributed.destroy_process_group()
+
+
+# ----- driver ----------------------------------------------------------------------------------------
+
+def _median_after_first(xs: list[float]) -> float:
+    return statistics.median(xs[1:] if len(xs) > 1 else xs)
+
+
+def _measured(path: Path, steps: int) -> tuple[float, float]:
+    """(bubble fraction, iteration time) of a measured trace, as ``paratrain compare`` computes them."""
+    from paratrain.cli.compare import load_trace, timeline_stats
+
+    spans, meta = load_trace(str(path), "trace")
+    m, its = int(meta["microbatches"]), int(meta["iterations"])
+    if its > 1:  # asynchronous: one timeline over all steps
+        s = timeline_stats(spans, microbatches=m, iterations=its)
+        return s.bubble_fraction, s.iteration_time_s
+    stats = []
+    for k in range(1, steps):
+        sel = [sp for sp in spans if sp.step == k]
+        t0 = min(sp.start_s for sp in sel)
+        sel = [dataclasses.replace(sp, start_s=sp.start_s - t0) for sp in sel]
+        stats.append(timeline_stats(sel, microbatches=m, iterations=1))
+    return (statistics.mean(s.bubble_fraction for s in stats), statistics.median(s.iteration_time_s for s in stats))
+
+
+def _simulate_profiled(a: argparse.Namespace, name: str, profile: dict):
+    """The schedule simulated with the profiled durations (the optimizer step of a rank is the sum
+    over its chunks; p2p one measured transfer; reductions only where a chunk has two copies)."""
+    from paratrain.runtime.pipeline import schedule_for
+    from paratrain.sim import Timing, simulate
+
+    cfg = _config(a, name)
+    sched = schedule_for(cfg, a.steps)
+    rows = profile[str(sched.num_chunks)]
+    hosts = [len({row[c] for row in sched.placement}) for c in range(sched.num_chunks)]
+    p2p = float(profile["p2p_s"])
+    timing = Timing(
+        forward_s=tuple(r["forward_s"] for r in rows), backward_s=tuple(r["backward_s"] for r in rows),
+        input_s=tuple(r["input_s"] for r in rows), weight_s=tuple(r["weight_s"] for r in rows),
+        p2p_s=lambda src, dst, c: p2p,
+        reduce_s=tuple(r["reduce_s"] if hosts[c] > 1 else 0.0 for c, r in enumerate(rows)),
+        optimizer_s=tuple(sum(rows[c]["optimizer_s"] for c, _ in sched.chunks_of(r)) for r in range(sched.stages)),
+    )
+    return simulate(sched, timing)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--microbatch", type=int, default=4)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.worker:
+        worker(a)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PARATRAIN_CACHE"] = str(tmp / "cache")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("worker", "out")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "127.0.0.1:0", __file__, "--worker", f"--out={tmp}", *args]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env)
+    print(f"launch: {time.perf_counter() - t0:.0f} s wall; model {a.layers} layers, hidden {a.hidden}, seq {a.seq}, "
+          f"vocab {a.vocab}; {a.microbatches} micro-batches of {a.microbatch}; pp=2, 1 thread per process")
+    times = json.loads((tmp / "times.json").read_text())
+    print("\niteration time (median of steps 2..N), paratrain engine vs torch.distributed.pipelining")
+    print(f"{'schedule':<13}{'paratrain s':>12}{'torch s':>10}{'ratio':>8}")
+    for name, t in times.items():
+        if "torch" in t:
+            ours, theirs = _median_after_first(t["ours"]), _median_after_first(t["torch"])
+            print(f"{name:<13}{ours:>12.4f}{theirs:>10.4f}{ours / theirs:>8.3f}")
+    profile = json.loads((tmp / "profile.json").read_text())
+    print("\nmeasured vs simulated with per-chunk durations profiled in isolation (paratrain.sim.simulate)")
+    print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
+          f"{'iter sim s':>11}{'error':>8}")
+    for name in times:
+        b_meas, it_meas = _measured(tmp / f"{name}.trace.json", a.steps)
+        sim = _simulate_profiled(a, name, profile)
+        err = (sim.iteration_time_s - it_meas) / it_meas
+        print(f"{name:<13}{100 * b_meas:>11.1f}%{100 * sim.bubble_fraction:>10.1f}%"
+              f"{100 * (sim.bubble_fraction - b_meas):>+9.1f}{it_meas:>12.4f}{sim.iteration_time_s:>11.4f}"
+              f"{100 * err:>+7.1f}%")
+    # calibrate the cpu device with one thread, into the temporary cache the simulator reads
+    subprocess.run([sys.executable, "-m", "paratrain", "calibrate"], check=True, env=env, capture_output=True)
+    os.environ["PARATRAIN_CACHE"] = env["PARATRAIN_CACHE"]
+    from paratrain.sim import simulate_config
+    from paratrain.spec.cluster import resolve_cluster
+
+    cluster = resolve_cluster("cpu", "--cluster", gpus=2)
+    print(f"\nmeasured vs simulated from the cost model (cluster cpu, device calibrated: "
+          f"{cluster.device.peak_fp32_flops / 1e9:.1f} GFLOP/s fp32 peak, 1 thread)")
+    print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
+          f"{'iter sim s':>11}{'error':>8}")
+    for name in times:
+        b_meas, it_meas = _measured(tmp / f"{name}.trace.json", a.steps)
+        sim = simulate_config(_spec(a), cluster, _config(a, name), record=True)
+        err = (sim.iteration_time_s - it_meas) / it_meas
+        print(f"{name:<13}{100 * b_meas:>11.1f}%{100 * sim.bubble_fraction:>10.1f}%"
+              f"{100 * (sim.bubble_fraction - b_meas):>+9.1f}{it_meas:>12.4f}{sim.iteration_time_s:>11.4f}"
+              f"{100 * err:>+7.1f}%")
+    print(f"\ntraces: {tmp}/<schedule>.trace.json (paratrain compare MEASURED SIMULATED)")
+
+
+if __name__ == "__main__":
+    main()
