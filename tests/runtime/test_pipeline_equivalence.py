@@ -188,7 +188,7 @@ def reference_async(kind: str, stages: int = 4) -> dict:
         for r in range(stages):
             h = functional_call(chunks[r], weights[r], (h,))
         loss = TransformerLM.loss(h, y)
-        losses[mb // m] += float(loss) / m
+        losses[mb // m] += float(loss.detach()) / m
         (loss * scale).backward()
         return [{n: w.grad for n, w in weights[r].items()} for r in range(stages)]
 
