@@ -51,6 +51,7 @@ def fail_and_exit(rank: int, message: str, code: int) -> None:
 def explain_failure(exc: BaseException, *, phase: str, timeout_s: float) -> str:
     """One line saying what went wrong during ``phase``, keeping the library's first line as cause."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.split(" This is typically caused")[0]  # gloo's generic advice after the actual error
     low = str(exc).lower()
     if "timed out" in low or "timeout" in low or isinstance(exc, TimeoutError):
         reason = f"no answer from a peer rank within the {timeout_s:g} s timeout (a rank died or hangs)"

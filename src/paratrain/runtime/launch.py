@@ -10,6 +10,7 @@ failed rank.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -81,6 +82,11 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": int(train.timeout_s)},
         max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1",
     )
+    # The agent logs a worker's death with a traceback of its own polling code; each rank already
+    # printed why it stopped, and LaunchError below names the first failure.
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
     try:
         results = elastic_launch(lc, _elastic_entry)(spec.to_dict(), config.to_dict(), train.to_dict(),
                                                       threads_per_proc)
@@ -90,6 +96,8 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
         # A negative exit code is a signal: -9 is SIGKILL.
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise LaunchError(f"worker rank {rank} {how}; see the [rank N] lines above", 2 if code == 2 else 1) from None
+    finally:
+        agent_log.setLevel(level)
     return TrainResult(tuple(results[0]))
 
 

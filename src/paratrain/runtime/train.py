@@ -241,7 +241,9 @@ class Trainer:
         parts = self.executor.build_parts(full)
         tp_mesh = ctx.submesh("tp")
         sp = self.config.sequence_parallel and self.config.pp == 1
-        self.parts = [apply_tensor_parallel(p, tp_mesh, sequence_parallel=sp).to(ctx.device) for p in parts]
+        # Move first, then shard: moving DTensor parameters swaps their tensors, which drops the
+        # gradient hooks tensor parallelism registers on them.
+        self.parts = [apply_tensor_parallel(p.to(ctx.device), tp_mesh, sequence_parallel=sp) for p in parts]
         self.grad_sync: GradSync = self._wrap_data_parallel()
         self.params = list({id(p): p for m in self.parts for p in m.parameters() if p.requires_grad}.values())
         decay = [p for p in self.params if p.dim() >= 2]  # no decay on biases and norm scales (nanoGPT)
