@@ -9,8 +9,9 @@ Two processes (pp=2), one thread each (``OMP_NUM_THREADS=1``, ``torch.set_num_th
 each schedule, paratrain's engine and (GPipe, 1F1B, interleaved 1F1B) torch's own
 ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` on the same model (an untied
 GPT: torch's stages cannot share the embedding with the head), the same micro-batches and the same
-processes, each step followed by the same global-norm clipping and AdamW step. Iteration time =
-median step time after the first step.
+processes, each step followed by the same global-norm clipping and AdamW step; the two
+alternate step by step so that both see the same background load. Iteration time = median step
+time after the first step.
 
 Then it calibrates the ``cpu`` device with one thread (``paratrain calibrate`` into a temporary
 cache) and simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``),
@@ -52,7 +53,8 @@ def _config(a: argparse.Namespace, name: str):
 
 # ----- worker (one of the two processes) -----------------------------------------------------------
 
-def _torch_pipelining(a: argparse.Namespace, ctx, name: str) -> list[float]:
+def _torch_pipelining(a: argparse.Namespace, ctx, name: str):
+    """A function running one step of torch's schedule (plus clipping and AdamW); returns seconds."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -74,10 +76,9 @@ def _torch_pipelining(a: argparse.Namespace, ctx, name: str) -> list[float]:
     sched = cls(stages if v > 1 else stages[0], n_microbatches=a.microbatches, loss_fn=TransformerLM.loss)
     data = DataSource(load_corpus("synthetic"), spec, seed=a.seed, global_batch=cfg.global_batch,
                       microbatch=cfg.global_batch)
-    times = []
-    for step in range(a.steps):
-        b = data.local_batch(step, 0, 1)
-        x, y = b.microbatch(0)
+
+    def step(k: int) -> float:
+        x, y = data.local_batch(k, 0, 1).microbatch(0)
         t0 = time.perf_counter()
         if rank == 0:
             sched.step(x)
@@ -91,11 +92,13 @@ def _torch_pipelining(a: argparse.Namespace, ctx, name: str) -> list[float]:
                 p.grad.mul_(coef)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    return times
+        return time.perf_counter() - t0
+
+    return step
 
 
-def _ours(a: argparse.Namespace, ctx, name: str, out: Path) -> list[float]:
+def _ours(a: argparse.Namespace, ctx, name: str, out: Path):
+    """paratrain's trainer for ``name`` (trace recorded) and a function running one step of it."""
     import torch
 
     from paratrain.runtime.train import TrainConfig, Trainer
@@ -105,9 +108,7 @@ def _ours(a: argparse.Namespace, ctx, name: str, out: Path) -> list[float]:
                         trace=str(out / f"{name}.trace.json"))
     torch.manual_seed(a.seed)
     trainer = Trainer(dataclasses.replace(ctx, config=cfg), _spec(a), train)
-    rows = [trainer.train_step(k) for k in range(a.steps)]
-    trainer.executor.finish()
-    return [r["step_time_s"] for r in rows]
+    return trainer, lambda k: trainer.train_step(k)["step_time_s"]
 
 
 def _profile(a: argparse.Namespace, ctx) -> dict[str, object]:
@@ -217,9 +218,14 @@ def worker(a: argparse.Namespace) -> None:
     ctx = init_runtime(_config(a, "1f1b"), timeout_s=600)
     results: dict[str, dict[str, list[float]]] = {}
     for name in a.schedules.split(","):
-        results[name] = {"ours": _ours(a, ctx, name, out)}
-        if name in SYNC_PEERS:
-            results[name]["torch"] = _torch_pipelining(a, ctx, name)
+        trainer, ours = _ours(a, ctx, name, out)
+        theirs = _torch_pipelining(a, ctx, name) if name in SYNC_PEERS else None
+        results[name] = {"ours": [], "torch": []}
+        for k in range(a.steps):  # alternate, so both see the same background load
+            results[name]["ours"].append(ours(k))
+            if theirs is not None:
+                results[name]["torch"].append(theirs(k))
+        trainer.executor.finish()
     profile = _profile(a, ctx)
     if ctx.rank == 0:
         (out / "times.json").write_text(json.dumps(results))
@@ -272,12 +278,56 @@ def _simulate_profiled(a: argparse.Namespace, name: str, profile: dict):
     return simulate(sched, timing)
 
 
+def _simulate_replay(a: argparse.Namespace, name: str, trace: Path):
+    """The schedule simulated with the run's own mean compute durations (per chunk and kind, from
+    the measured trace, step 0 left out) and free communication: what is left of the difference
+    is the schedule and communication model, not the per-operator cost model."""
+    import re
+
+    from paratrain.cli.compare import load_trace
+    from paratrain.runtime.pipeline import schedule_for
+    from paratrain.sim import Timing, simulate
+
+    cfg = _config(a, name)
+    sched = schedule_for(cfg, a.steps)
+    spans, _ = load_trace(str(trace), "trace")
+    sums: dict[tuple[str, int], list[float]] = {}
+    for sp in spans:
+        if sp.stream != "compute" or (sp.step == 0 and sched.iterations == 1):
+            continue
+        m = re.search(r"@c(\d+)", sp.name)
+        key = (sp.category, int(m.group(1)) if m else sp.rank)
+        sums.setdefault(key, []).append(sp.duration_s)
+
+    def mean(cat: str, i: int) -> float:
+        xs = sums.get((cat, i), [])
+        return sum(xs) / len(xs) if xs else 0.0
+
+    n = sched.num_chunks
+    timing = Timing(
+        forward_s=tuple(mean("forward", c) for c in range(n)), backward_s=tuple(mean("backward", c) for c in range(n)),
+        input_s=tuple(mean("input", c) for c in range(n)), weight_s=tuple(mean("weight", c) for c in range(n)),
+        p2p_s=lambda src, dst, c: 0.0, reduce_s=(0.0,) * n,
+        optimizer_s=tuple(mean("optimizer", r) for r in range(sched.stages)),
+    )
+    return simulate(sched, timing)
+
+
+def _table(title: str, rows: list[tuple[str, float, float, float, float]]) -> None:
+    print(f"\n{title}")
+    print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
+          f"{'iter sim s':>11}{'error':>8}")
+    for name, b_meas, b_sim, it_meas, it_sim in rows:
+        print(f"{name:<13}{100 * b_meas:>11.1f}%{100 * b_sim:>10.1f}%{100 * (b_sim - b_meas):>+9.1f}"
+              f"{it_meas:>12.4f}{it_sim:>11.4f}{100 * (it_sim - it_meas) / it_meas:>+7.1f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -305,20 +355,21 @@ def main() -> None:
     print("\niteration time (median of steps 2..N), paratrain engine vs torch.distributed.pipelining")
     print(f"{'schedule':<13}{'paratrain s':>12}{'torch s':>10}{'ratio':>8}")
     for name, t in times.items():
-        if "torch" in t:
+        if t["torch"]:
             ours, theirs = _median_after_first(t["ours"]), _median_after_first(t["torch"])
             print(f"{name:<13}{ours:>12.4f}{theirs:>10.4f}{ours / theirs:>8.3f}")
     profile = json.loads((tmp / "profile.json").read_text())
-    print("\nmeasured vs simulated with per-chunk durations profiled in isolation (paratrain.sim.simulate)")
-    print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
-          f"{'iter sim s':>11}{'error':>8}")
-    for name in times:
-        b_meas, it_meas = _measured(tmp / f"{name}.trace.json", a.steps)
+    measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
+    rows = []
+    for name, (b_meas, it_meas) in measured.items():
         sim = _simulate_profiled(a, name, profile)
-        err = (sim.iteration_time_s - it_meas) / it_meas
-        print(f"{name:<13}{100 * b_meas:>11.1f}%{100 * sim.bubble_fraction:>10.1f}%"
-              f"{100 * (sim.bubble_fraction - b_meas):>+9.1f}{it_meas:>12.4f}{sim.iteration_time_s:>11.4f}"
-              f"{100 * err:>+7.1f}%")
+        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+    _table("measured vs simulated, per-chunk durations profiled in isolation (paratrain.sim.simulate)", rows)
+    rows = []
+    for name, (b_meas, it_meas) in measured.items():
+        sim = _simulate_replay(a, name, tmp / f"{name}.trace.json")
+        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+    _table("measured vs simulated, the run's own mean compute durations, free communication (replay)", rows)
     # calibrate the cpu device with one thread, into the temporary cache the simulator reads
     subprocess.run([sys.executable, "-m", "paratrain", "calibrate"], check=True, env=env, capture_output=True)
     os.environ["PARATRAIN_CACHE"] = env["PARATRAIN_CACHE"]
@@ -326,17 +377,12 @@ def main() -> None:
     from paratrain.spec.cluster import resolve_cluster
 
     cluster = resolve_cluster("cpu", "--cluster", gpus=2)
-    print(f"\nmeasured vs simulated from the cost model (cluster cpu, device calibrated: "
-          f"{cluster.device.peak_fp32_flops / 1e9:.1f} GFLOP/s fp32 peak, 1 thread)")
-    print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
-          f"{'iter sim s':>11}{'error':>8}")
-    for name in times:
-        b_meas, it_meas = _measured(tmp / f"{name}.trace.json", a.steps)
+    rows = []
+    for name, (b_meas, it_meas) in measured.items():
         sim = simulate_config(_spec(a), cluster, _config(a, name), record=True)
-        err = (sim.iteration_time_s - it_meas) / it_meas
-        print(f"{name:<13}{100 * b_meas:>11.1f}%{100 * sim.bubble_fraction:>10.1f}%"
-              f"{100 * (sim.bubble_fraction - b_meas):>+9.1f}{it_meas:>12.4f}{sim.iteration_time_s:>11.4f}"
-              f"{100 * err:>+7.1f}%")
+        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+    _table(f"measured vs simulated from the cost model (cluster cpu, device calibrated with one thread: "
+           f"{cluster.device.peak_fp32_flops / 1e9:.1f} GFLOP/s fp32 peak)", rows)
     print(f"\ntraces: {tmp}/<schedule>.trace.json (paratrain compare MEASURED SIMULATED)")
 
 
