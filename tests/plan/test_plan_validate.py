@@ -6,7 +6,15 @@ import pytest
 
 from paratrain.errors import ConfigError
 from paratrain.plan.calibrated import VTRAIN_A100
-from paratrain.plan.validate import errors_pct, parse_vtrain_csv, run_config, run_model, summary, vtrain_cluster
+from paratrain.plan.validate import (
+    errors_pct,
+    megatron_predictor,
+    parse_vtrain_csv,
+    run_config,
+    run_model,
+    summary,
+    vtrain_cluster,
+)
 from paratrain.spec.cluster import resolve_cluster
 
 HEADER_MULTI = (
@@ -37,6 +45,7 @@ def test_cluster_sizing_and_calibration():
     assert c.inter_link.bandwidth_Bps == pytest.approx(800e9 / 8 / 8 * VTRAIN_A100.link_efficiency)
     assert c.intra_link.bandwidth_Bps == VTRAIN_A100.intra_bandwidth_Bps
     assert c.device.kernel_overhead_s == VTRAIN_A100.kernel_overhead_s
+    assert c.device.host_issue_s == VTRAIN_A100.host_issue_s > 0
 
 
 def test_errors_and_summary():
@@ -61,3 +70,41 @@ def test_errors_and_summary():
 def test_bad_csv(text, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_vtrain_csv(text)
+
+
+HEADER_SINGLE = (
+    "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "8,32,4,1024,16,24,1024,2,2,2,219.7",  # single node, pp 2
+        "8,8,1,2048,16,20,1024,2,1,4,100.0",  # pp 4, host-bound micro-batch of 1
+    ],
+)
+def test_simulator_and_closed_forms_agree_on_megatron_runs(row):
+    (r,) = parse_vtrain_csv(HEADER_SINGLE + row + "\n")
+    c = vtrain_cluster(resolve_cluster("dgx-a100"), r.gpus, VTRAIN_A100)
+    sim = megatron_predictor("sim")(run_model(r), c, run_config(r))
+    ana = megatron_predictor("analytic")(run_model(r), c, run_config(r))
+    assert ana == pytest.approx(sim, rel=0.03)
+
+
+def test_megatron_runs_use_fused_kernels():
+    from paratrain.cost.stage import chunk_costs
+    from paratrain.sim import simulate_config
+
+    (r,) = parse_vtrain_csv(HEADER_MULTI + "18.4,256,1024,4,6144,48,40,2048,2,32,4,10825\n")
+    model, cfg = run_model(r), run_config(r)
+    c = vtrain_cluster(resolve_cluster("dgx-a100"), r.gpus, VTRAIN_A100)
+    # Fused element-wise kernels move fewer bytes than the unfused ones the planner assumes.
+    assert chunk_costs(model, c, cfg, fused=True)[0].forward_s < chunk_costs(model, c, cfg)[0].forward_s
+    assert megatron_predictor("sim")(model, c, cfg) < simulate_config(model, c, cfg).iteration_time_s
+
+
+def test_unknown_engine():
+    with pytest.raises(ConfigError, match="engine"):
+        megatron_predictor("exact")

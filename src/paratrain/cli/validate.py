@@ -37,19 +37,9 @@ def _read(path: Path, flag: str) -> str:
 
 
 def _predictor(engine: str) -> Any:
-    if engine == "sim":
-        from paratrain.sim import simulate_config
+    from paratrain.plan.validate import megatron_predictor
 
-        return lambda m, c, cfg: simulate_config(m, c, cfg, overlap_grad_reduce=False).iteration_time_s
-    if engine == "analytic":
-        from paratrain.plan.backend import default_backend
-        from paratrain.plan.search import evaluate
-
-        # vTrain's runs do not bucket gradients: the all-reduce follows the backward.
-        return lambda m, c, cfg: (
-            evaluate(m, c, cfg, default_backend(), 1.0, overlap_grad_reduce=False).analytic.iteration_time_s
-        )
-    raise ConfigError("--engine", f"unknown engine {engine!r}", "use sim or analytic")
+    return megatron_predictor(engine)
 
 
 def _scatter(path: Path, runs: list, predicted: list[float], title: str) -> None:
@@ -102,7 +92,13 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
         bw, lat = fit_links(samples, base, collective_time)
     dev = base.device
     start = Calibration(
-        dev.gemm_efficiency, dev.memory_efficiency, dev.kernel_overhead_s, bw, lat, bw / base.intra_link.bandwidth_Bps
+        dev.gemm_efficiency,
+        dev.memory_efficiency,
+        dev.kernel_overhead_s,
+        bw,
+        lat,
+        bw / base.intra_link.bandwidth_Bps,
+        host_issue_s=max(dev.host_issue_s, 10e-6),  # start inside the bounds, away from the kink at 0
     )
     subset = runs[::4]
     predictor = _predictor("analytic")

@@ -42,6 +42,8 @@ __all__ = [
     "op_time",
     "op_time_split",
     "op_bound",
+    "op_kernels",
+    "host_bound_time",
     "matmul_flops_per_iteration",
     "model_flops_per_iteration",
     "elementwise_flops_per_iteration",
@@ -91,6 +93,8 @@ class Op:
     recompute_selective: bool = False
     bwd_weight_flops: float = 0.0
     bwd_weight_bytes: float = 0.0
+    fwd_kernels: int = 1  # kernels of a non-GEMM op's forward / backward input-gradient
+    bwd_kernels: int = 1
 
 
 def _gemm_op(name: str, m: int, n: int, k: int, e: int, *, batch: int = 1, weight: bool, selective: bool = False) -> Op:
@@ -286,11 +290,16 @@ def _head_ops(
         ops.append(_norm_op("ln_f", model, tokens_sp * h, e))
     ops.append(_gemm_op("lm_head", tokens, vocab_r, h, e, weight=True))
     logits = tokens * vocab_r
-    # fp32 softmax cross entropy: read logits, write fp32 exp-logits, read them again for the sum;
-    # backward reads the fp32 probabilities and writes the logit gradient.
+    # Megatron-LM's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py,
+    # _VocabParallelCrossEntropy) on the logits cast to fp32 (GPT model: ``output.float()`` unless
+    # --fp16-lm-cross-entropy), one kernel per pass over the T×V/t logits, in bytes per element:
+    # forward cast (read e, write 4), max (r4), subtract the max (r4 w4), exp (r4 w4), sum (r4),
+    # divide by the sum in place (r4 w4) = e + 36; backward multiply the saved softmax by the loss
+    # gradient in place (r4 w4) and cast back (r4 w e) = 12 + e (the target-index update touches T
+    # elements and is not counted).
     ops.append(Op(
         name="cross_entropy", kind="loss", fwd_flops=float(_LOSS_FLOPS * logits), bwd_flops=float(2 * logits),
-        fwd_bytes=float(logits * (e + 8)), bwd_bytes=float(logits * (4 + e)),
+        fwd_bytes=float(logits * (e + 36)), bwd_bytes=float(logits * (12 + e)), fwd_kernels=6, bwd_kernels=2,
     ))
     return tuple(ops)
 
@@ -353,6 +362,29 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
     bwd_in = _roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device) if (bwd_in_flops or bwd_in_bytes) else 0.0
     bwd_w = _roofline(op.bwd_weight_flops, op.bwd_weight_bytes, peak, eff, device) if op.bwd_weight_bytes else 0.0
     return fwd, bwd_in, bwd_w
+
+
+def op_kernels(op: Op) -> tuple[int, int, int]:
+    """Kernels the host issues for ``(forward, backward input-gradient, backward weight-gradient)``
+    of ``op``: one per roofline term of :func:`op_time_split` (a GEMM's backward is two GEMMs)."""
+    if op.gemm is not None:
+        return (1, 1, 1) if op.has_weight else (1, 2, 0)
+    bwd_in = op.bwd_kernels if (op.bwd_flops - op.bwd_weight_flops or op.bwd_bytes - op.bwd_weight_bytes) else 0
+    return op.fwd_kernels, bwd_in, 1 if op.bwd_weight_bytes else 0
+
+
+def host_bound_time(device_time_s: float, kernels: int, device: DeviceSpec) -> float:
+    """Time of a sequence of ``kernels`` kernels whose device times sum to ``device_time_s``.
+
+    The framework issues kernels from one host thread onto an asynchronous CUDA stream (CUDA C++
+    Programming Guide, "Asynchronous Concurrent Execution"): while kernels are long the host runs
+    ahead and its issue time is hidden; when they are short the device drains the queue and waits
+    for the host. Over a sequence the time is therefore bounded by both the device's work and the
+    host's issue rate, ``max(device_time_s, kernels·host_issue_s)`` (the roofline of the two
+    pipelined resources); the queue is taken to persist within a model part (a transformer layer,
+    the embedding, the head), which is issued without host synchronisation.
+    """
+    return max(device_time_s, kernels * device.host_issue_s)
 
 
 def op_time(op: Op, device: DeviceSpec, dtype: str, *, backward: bool = False) -> float:

@@ -17,7 +17,9 @@ from paratrain.cost.compute import (
     _head_ops,
     _layer_ops,
     dtype_bytes,
+    host_bound_time,
     kv_dim_per_rank,
+    op_kernels,
     op_time_split,
     uses_dropout,
 )
@@ -45,16 +47,30 @@ class PartCost:
 
 
 def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: int) -> PartCost:
+    """Device time of the part's kernels, bounded below by the host's time to issue them
+    (:func:`host_bound_time`): the forward, the backward and the selectively recomputed attention
+    core are each one stream of kernels. A host-bound backward keeps its input/weight-gradient split."""
     fwd = bwd_in = bwd_w = sel = flops = 0.0
+    n_fwd = n_bwd = n_sel = 0
     for op in ops:
         f, bi, bw = op_time_split(op, device, dtype)
+        kf, kbi, kbw = op_kernels(op)
         fwd += f
         bwd_in += bi
         bwd_w += bw
+        n_fwd += kf
+        n_bwd += kbi + kbw
         if op.recompute_selective:
             sel += f
+            n_sel += kf
         if op.is_matmul:
             flops += op.fwd_flops + op.bwd_flops
+    bwd = bwd_in + bwd_w
+    bwd_host = host_bound_time(bwd, n_bwd, device)
+    if bwd_host > bwd > 0:
+        bwd_in, bwd_w = bwd_in * bwd_host / bwd, bwd_w * bwd_host / bwd
+    fwd = host_bound_time(fwd, n_fwd, device)
+    sel = host_bound_time(sel, n_sel, device) if n_sel else 0.0
     return PartCost(fwd, bwd_in, bwd_w, sel, flops, activation)
 
 

@@ -8,10 +8,17 @@
 in two steps: (1) the intra-node link's bandwidth and latency, by least squares on the log of the
 nccl-tests all-reduce times of 2–8 A100s in one node (vTrain's ``AR_GPU*_LUT`` microbenchmarks,
 sizes 1 MiB–1 GiB); (2) the A100's ``gemm_efficiency``, ``memory_efficiency`` and
-``kernel_overhead_s``, by least squares (soft-L1) on the log of predicted / measured iteration time
-of every fourth run of vTrain's single-node file (360 of 1,440 runs, 2–8 GPUs, Megatron-DeepSpeed).
-No multi-node run was used. ``link_efficiency`` = fitted / nominal intra-node bandwidth (the
-dgx-a100 preset's 300 GB/s) is applied to the inter-node links as well.
+``host_issue_s`` (host time to issue one kernel, overlapping the device's work:
+:func:`paratrain.cost.compute.host_bound_time`), by least squares (soft-L1) on the log of
+predicted / measured iteration time of every fourth run of vTrain's single-node file (360 of
+1,440 runs, 2–8 GPUs, Megatron-DeepSpeed, predicted with Megatron's fused element-wise kernels
+and the data-parallel all-reduce after the backward: :func:`paratrain.plan.validate.megatron_predictor`).
+``kernel_overhead_s`` (the device-side cost of a kernel) stays the preset's. No multi-node run was
+used. ``link_efficiency`` = fitted / nominal intra-node bandwidth (the dgx-a100 preset's 300 GB/s)
+is applied to the inter-node links as well.
+
+The fitted issue time (~73 µs per modelled operator) covers what the eager framework does per
+operator on the host: Python, autograd and dispatch, and the one or more CUDA launches behind it.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ _A100 = resolve_device("a100-80gb")
 __all__ = ["CALIBRATIONS", "VTRAIN_A100", "VTRAIN_A100_LINKS"]
 
 VTRAIN_A100 = Calibration(
-    gemm_efficiency=1.0,
-    memory_efficiency=1.0,
-    kernel_overhead_s=3.86e-05,
+    gemm_efficiency=0.8823,
+    memory_efficiency=0.6593,
+    kernel_overhead_s=_A100.kernel_overhead_s,
     intra_bandwidth_Bps=2.176e11,
-    intra_latency_s=1.210e-05,
+    intra_latency_s=1.21e-05,
     link_efficiency=0.7255,
+    host_issue_s=7.276e-05,
 )
 
 # Step (1) alone: the links fitted to the all-reduce microbenchmarks, the device presets untouched.

@@ -37,6 +37,11 @@ class DeviceSpec:
     ``gemm_tile_k`` its K step; with ``sm_count`` they drive tile and wave quantization.
     ``gemm_efficiency`` is the fraction of peak a large, well-shaped GEMM sustains and
     ``memory_efficiency`` the fraction of peak bandwidth a streaming kernel sustains.
+    ``kernel_overhead_s`` is the device-side cost of one kernel (start-up and tail), added to its
+    roofline time. ``host_issue_s`` is the host (CPU) time to issue one kernel from the framework:
+    kernels run asynchronously on a stream, so the host runs ahead of the device while kernels are
+    long and the device waits on the host only when they are short. A sequence of ``n`` kernels
+    therefore takes ``max(sum of device times, n·host_issue_s)`` (0: never host-bound).
     """
 
     name: str
@@ -54,7 +59,8 @@ class DeviceSpec:
     gemm_tile_k: int = 32
     gemm_efficiency: float = 0.85
     memory_efficiency: float = 0.85
-    kernel_overhead_s: float = 4e-6  # launch + tail of one kernel
+    kernel_overhead_s: float = 4e-6  # device-side start-up + tail of one kernel
+    host_issue_s: float = 0.0  # host time to issue one kernel (eager framework + CUDA launch)
 
     def __post_init__(self) -> None:
         require_positive("peak_fp32_flops", self.peak_fp32_flops)
@@ -71,6 +77,7 @@ class DeviceSpec:
             if v > 1:
                 raise ConfigError(f, f"must be at most 1, got {v}", "give a fraction of peak in (0, 1]")
         require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
+        require_positive("host_issue_s", self.host_issue_s, allow_zero=True)
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; a dtype the device lacks falls back to the next wider one
