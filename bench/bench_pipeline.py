@@ -11,7 +11,7 @@ each schedule, paratrain's engine and (GPipe, 1F1B, interleaved 1F1B) torch's ow
 GPT: torch's stages cannot share the embedding with the head), the same micro-batches and the same
 processes, each step followed by the same global-norm clipping and AdamW step; the two
 alternate step by step so that both see the same background load. Iteration time = median step
-time after the first step.
+time after the first step, and the minimum (least disturbed by other processes on a shared machine).
 
 Then it calibrates the ``cpu`` device with one thread (``paratrain calibrate`` into a temporary
 cache) and simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``),
@@ -352,12 +352,17 @@ def main() -> None:
     print(f"launch: {time.perf_counter() - t0:.0f} s wall; model {a.layers} layers, hidden {a.hidden}, seq {a.seq}, "
           f"vocab {a.vocab}; {a.microbatches} micro-batches of {a.microbatch}; pp=2, 1 thread per process")
     times = json.loads((tmp / "times.json").read_text())
-    print("\niteration time (median of steps 2..N), paratrain engine vs torch.distributed.pipelining")
-    print(f"{'schedule':<13}{'paratrain s':>12}{'torch s':>10}{'ratio':>8}")
+    print("\niteration time of steps 2..N, paratrain engine vs torch.distributed.pipelining (s; ratio = ours/torch)")
+    print(f"{'schedule':<13}{'ours median':>12}{'torch median':>13}{'ratio':>7}{'ours min':>10}{'torch min':>10}"
+          f"{'ratio':>7}")
     for name, t in times.items():
         if t["torch"]:
             ours, theirs = _median_after_first(t["ours"]), _median_after_first(t["torch"])
-            print(f"{name:<13}{ours:>12.4f}{theirs:>10.4f}{ours / theirs:>8.3f}")
+            o_min, t_min = min(t["ours"][1:]), min(t["torch"][1:])
+            print(f"{name:<13}{ours:>12.4f}{theirs:>13.4f}{ours / theirs:>7.3f}{o_min:>10.4f}{t_min:>10.4f}"
+                  f"{o_min / t_min:>7.3f}")
+    print(f"(load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; the minimum is the "
+          "figure least disturbed by other processes)")
     profile = json.loads((tmp / "profile.json").read_text())
     measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
     rows = []
