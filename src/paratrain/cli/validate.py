@@ -59,10 +59,20 @@ def _scatter(path: Path, runs: list, predicted: list[float], title: str) -> None
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
+    # Log axes spanning less than two decades: label a few round values, not every minor tick.
+    ticks = [t for t in (0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo <= t <= hi]
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axis.set_ticks(ticks)
     ax.set_xlabel("measured iteration time (s)")
     ax.set_ylabel("predicted iteration time (s)")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(sc, ax=ax, label="GPUs")
+    ax.set_title(title, fontsize=8, wrap=True)
+    bar = fig.colorbar(sc, ax=ax, label="GPUs")
+    gpus = sorted({r.gpus for r in runs})
+    bar.set_ticks(gpus)
+    bar.set_ticklabels([str(g) for g in gpus])
+    bar.ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -161,8 +171,8 @@ def validate_command(
             plot,
             runs,
             predicted,
-            f"{data.name}: {len(runs)} runs, mean |error| "
-            f"{summ['mean_abs_error_pct']:.1f}% (calibration {calibration}, {engine})",
+            f"{data.name}: {len(runs)} runs, mean |error| {summ['mean_abs_error_pct']:.1f}%\n"
+            f"(calibration {calibration}, {engine})",
         )
     table = [
         {
