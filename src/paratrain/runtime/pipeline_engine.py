@@ -6,7 +6,8 @@ IR's execution semantics and never looks at the schedule's name.
 * ``F`` runs a chunk on its input: token ids (chunk 0), the tensor an ``RF`` received, or the
   output of the neighbouring chunk when that one lives on this rank (detached, so that every
   chunk's backward is its own graph). The last chunk adds the loss, scaled by ``1/accumulation``.
-* ``B`` is one ``torch.autograd.grad`` of the chunk's output w.r.t. its input and its weights.
+* ``B`` is one backward of the chunk's output w.r.t. its input and its weights (``inputs=``, so
+  nothing else accumulates a gradient).
   ``I`` computes the input gradient only and keeps the gradients flowing into the weights'
   consumers; ``W`` continues from those to the weight gradients (zero-bubble split, Qi et al.
   ICLR'24; the two halves are ``torch.distributed.pipelining``'s ``stage_backward_input`` and
@@ -255,6 +256,14 @@ class PipelineEngine:
             self._pass_input_grad(a, dinputs[0])
             return
         targets = ([] if x_in is None else [x_in]) + weights
+        if version is None:
+            # current weights: let autograd accumulate into .grad (no extra add per parameter)
+            with ctx:
+                torch.autograd.backward(out, grad_tensors=grad_out, inputs=targets)
+            if x_in is not None:
+                gx, x_in.grad = x_in.grad, None
+                self._pass_input_grad(a, gx)
+            return
         with ctx:
             grads = torch.autograd.grad(out, targets, grad_outputs=grad_out, allow_unused=True)
         if x_in is not None:
