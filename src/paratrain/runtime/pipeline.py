@@ -117,6 +117,7 @@ class PipelineExecutor:
         n_u = sum(1 for a in self.schedule.actions[self.pp_rank] if a.kind is K.OPTIMIZER_STEP)
         self._u_per_step = max(1, n_u // self.schedule.iterations)
         self._current_step = 0
+        self._norm_of_step: dict[int, float] = {}
 
     # ----- process groups (created identically on every rank) ----------------------------------
     def _make_groups(self) -> None:
@@ -306,6 +307,7 @@ class PipelineExecutor:
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
         self._grad_norm = float(norm)
+        self._norm_of_step[step] = self._grad_norm  # the step's last optimizer step wins
         if record:
             self.engine.spans.append(ActionSpan("U", "optimizer", start, time.perf_counter(), None))
 
@@ -369,6 +371,8 @@ class PipelineExecutor:
         for k in range(t.train.steps):
             mine = [v for mb, v in engine.losses.items() if mb // m == k]
             local = torch.tensor(sum(mine) / m, dtype=torch.float32) if mine else None
+            # asynchronous: this rank's stage norm at the step's last update (stages clip separately)
+            self._grad_norm = self._norm_of_step.get(k, float("nan"))
             self._async_rows.append({**self._row(k, float("nan"), per_step_s), "local_loss": local})
 
     # ----- end of run: final parameters and measured trace ----------------------------------------
