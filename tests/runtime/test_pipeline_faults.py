@@ -3,8 +3,8 @@
 * bad pipeline flags fail before any process starts: one line on stderr, exit 2;
 * ranks launched with different schedules (two "nodes" of one rendezvous with different
   ``--schedule``) stop at the start-up check, every rank naming the disagreement, exit 2;
-* a rank killed mid-run ends the job well within the timeout, with the launcher naming the dead rank
-  and the survivor saying what it was doing.
+* a rank killed mid-run ends the job well within the timeout, the survivor saying what it was doing
+  (or the launcher naming the dead rank, when it stops the survivor first).
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def test_killed_rank_ends_the_pipeline_run() -> None:
     assert elapsed < timeout_s + 30, f"took {elapsed:.0f} s: the survivor waited for the timeout or hung"
     err = proc.stderr
     assert "fault injection: killing this rank at step 1" in err
-    assert "worker rank 1 was killed by signal 9" in err, err[-3000:]
+    # the launcher names the first failure it sees: the killed rank, or the survivor that stopped
+    assert "paratrain: error: worker rank" in err, err[-3000:]
     survivor = [ln for ln in err.splitlines() if ln.startswith("[rank 0] error:")]
-    assert survivor, err[-3000:]
+    launcher_saw_kill = "worker rank 1 was killed by signal 9" in err
+    assert launcher_saw_kill or (survivor and "step 1" in survivor[0] and "peer rank" in survivor[0]), err[-3000:]
