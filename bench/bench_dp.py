@@ -7,7 +7,8 @@ dp=2 x tp=2 against dp=4, on the same model, data and process count, in the same
 Each configuration is a separate ``run_training`` launch (elastic launcher, one thread per
 process on this machine); configurations alternate over ``--repeats`` rounds so slow drifts of a
 shared machine hit both sides. The figure per launch is the median tokens/s over its steps after
-``--warmup`` steps; the ratio is taken between the medians over rounds. Target: paratrain/DDP >= 0.95.
+``--warmup`` steps; the ratio is taken between the medians over rounds, and the side that runs
+first alternates between rounds. Target: paratrain/DDP >= 0.95.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def main() -> None:
 
     ours, ddp = [], []
     for r in range(args.repeats):
-        ours.append(_tokens_per_s(model, cfg(2), args, dp_impl="paratrain"))
-        ddp.append(_tokens_per_s(model, cfg(2), args, dp_impl="ddp"))
+        # Alternate which side runs first, so a load change during a round favours neither.
+        for impl in ("paratrain", "ddp") if r % 2 == 0 else ("ddp", "paratrain"):
+            (ours if impl == "paratrain" else ddp).append(_tokens_per_s(model, cfg(2), args, dp_impl=impl))
         print(f"round {r}: dp=2 paratrain {ours[-1]:,.0f} tokens/s, DDP {ddp[-1]:,.0f} tokens/s")
     o, d = statistics.median(ours), statistics.median(ddp)
     print(f"dp=2 (2 processes): paratrain {o:,.0f} tokens/s, DistributedDataParallel {d:,.0f} tokens/s, "
@@ -59,11 +61,11 @@ def main() -> None:
     if args.skip_tp:
         return
     dp4, dp2tp2 = [], []
+    both = {"dp4": cfg(4), "dp2tp2": ParallelConfig(dp=2, tp=2, microbatch=args.microbatch,
+                                                     global_batch=4 * args.microbatch * args.accumulation)}
     for r in range(args.repeats):
-        dp4.append(_tokens_per_s(model, cfg(4), args))
-        dp2tp2.append(_tokens_per_s(model, ParallelConfig(dp=2, tp=2, microbatch=args.microbatch,
-                                                          global_batch=4 * args.microbatch * args.accumulation),
-                                    args))
+        for name in ("dp4", "dp2tp2") if r % 2 == 0 else ("dp2tp2", "dp4"):
+            (dp4 if name == "dp4" else dp2tp2).append(_tokens_per_s(model, both[name], args))
         print(f"round {r}: dp=4 {dp4[-1]:,.0f} tokens/s, dp=2 x tp=2 {dp2tp2[-1]:,.0f} tokens/s")
     a, b = statistics.median(dp4), statistics.median(dp2tp2)
     print(f"4 processes, same global batch: dp=4 {a:,.0f} tokens/s, dp=2 x tp=2 {b:,.0f} tokens/s, "

@@ -46,6 +46,8 @@ LAYOUTS = {
     "gpt-single": ("gpt-tiny", 1, []),
     "gpt-dp2": ("gpt-tiny", 2, ["--dp", "2"]),
     "gpt-dp2-ddp": ("gpt-tiny", 2, ["--dp", "2", "--dp-impl", "ddp"]),
+    # 64 KiB buckets: the 0.5 MB of gradients go out in many all-reduces launched during backward.
+    "gpt-dp2-buckets": ("gpt-tiny", 2, ["--dp", "2", "--bucket-mb", "0.0625", "--dp-impl", "paratrain"]),
     "gpt-tp2": ("gpt-tiny", 2, ["--tp", "2"]),
     "gpt-dp2-tp2": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2"]),
     "gpt-dp2-tp2-fsdp": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2", "--optimizer-sharding"]),
@@ -100,8 +102,8 @@ def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Te
         assert rel <= RTOL, f"{key}: relative error {rel:.2e} > {RTOL:g}"
 
 
-@pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-tp2", "gpt-dp2-tp2", "gpt-dp2-tp2-fsdp",
-                                  "gpt-tp2-sp"])
+@pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-dp2-buckets", "gpt-tp2", "gpt-dp2-tp2",
+                                  "gpt-dp2-tp2-fsdp", "gpt-tp2-sp"])
 def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, object]], name: str) -> None:
     _assert_same_training(runs[name], runs["gpt-single"])
 
@@ -134,6 +136,21 @@ def test_training_changes_the_model_and_lowers_the_loss(runs: dict[str, dict[str
     assert moved > 1e-3
 
 
+def test_small_buckets_reduce_during_backward(runs: dict[str, dict[str, object]]) -> None:
+    from paratrain.sim.trace import events_from_chrome_trace
+
+    events = events_from_chrome_trace(runs["gpt-dp2-buckets"]["trace"])
+    for rank in (0, 1):
+        mine = [e for e in events if e.rank == rank]
+        reduces = [e for e in mine if e.stream == "comm"]
+        assert len(reduces) > 5 * STEPS  # many buckets per step
+        # The first bucket starts before the last micro-batch's backward ends: overlap.
+        last_backward = [e for e in mine if e.name == "B1@c0"]
+        for step in range(STEPS):
+            b = last_backward[step]
+            assert any(b.start_s <= r.start_s < b.start_s + b.duration_s for r in reduces)
+
+
 def test_rank_zero_prints_rank_prefixed_step_lines(runs: dict[str, dict[str, object]]) -> None:
     lines = [ln for ln in runs["gpt-dp2-tp2"]["stdout"].splitlines() if "step " in ln and "loss" in ln]
     assert len(lines) == STEPS
@@ -153,6 +170,7 @@ def test_measured_trace_uses_the_simulator_format(runs: dict[str, dict[str, obje
         assert compute.count("U") == STEPS
         reduces = [e for e in mine if e.stream == "comm"]
         assert reduces and all(e.name == "R@c0" and e.category == "reduce" for e in reduces)
+        assert len(reduces) == STEPS  # gpt-tiny's gradients fit one 25 MiB bucket
         forward = next(e for e in mine if e.name == "F0@c0")
         assert forward.category == "forward" and forward.microbatch == 0 and forward.duration_s > 0
     starts = sorted(e.start_s for e in events)

@@ -111,3 +111,18 @@ def test_train_config_rejects_bad_values() -> None:
         TrainConfig(steps=0)
     with pytest.raises(ConfigError, match="--timeout"):
         TrainConfig(timeout_s=0)
+
+
+def test_metrics_writer_rank_placeholder(tmp_path) -> None:
+    from paratrain.runtime.metrics import MetricsWriter
+
+    for rank in (0, 1):
+        w = MetricsWriter(str(tmp_path / "m{rank}.jsonl"), rank)
+        w.write({"step": 0, "rank": rank})
+        w.close()
+        only0 = MetricsWriter(str(tmp_path / "single.jsonl"), rank)
+        only0.write({"rank": rank})
+        only0.close()
+    assert (tmp_path / "m0.jsonl").read_text() == '{"step": 0, "rank": 0}\n'
+    assert (tmp_path / "m1.jsonl").read_text() == '{"step": 0, "rank": 1}\n'
+    assert (tmp_path / "single.jsonl").read_text() == '{"rank": 0}\n'  # without {rank}: rank 0 only

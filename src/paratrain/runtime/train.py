@@ -80,6 +80,8 @@ class TrainConfig:
             raise ConfigError("--dp-impl", f"unknown value {self.dp_impl!r}", f"use one of: {', '.join(DP_IMPLS)}")
         if not self.lr > 0:
             raise ConfigError("--lr", f"must be positive, got {self.lr}", "use e.g. --lr 1e-3")
+        if self.bucket_bytes < 1:
+            raise ConfigError("--bucket-mb", f"must be positive, got {self.bucket_bytes / 2**20:g}", "use e.g. 25")
         if not self.timeout_s > 0:
             raise ConfigError("--timeout", f"must be positive, got {self.timeout_s}", "use e.g. --timeout 60")
 
