@@ -267,10 +267,14 @@ class Trainer:
             from torch.distributed.fsdp import fully_shard
 
             dp_mesh = self.ctx.submesh("dp")
+            # Parameters stay gathered from forward to the end of backward: one all-gather and one
+            # reduce-scatter per step, the traffic of ZeRO-1/2 that the planner's
+            # optimizer-sharding cost assumes; between steps parameters, gradients and AdamW state
+            # are sharded, so memory never exceeds the planner's estimate.
             for part in self.parts:
                 for block in part.blocks:
-                    fully_shard(block, mesh=dp_mesh)
-                fully_shard(part, mesh=dp_mesh)
+                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
+                fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
             return FSDPGradSync(self.parts[0]) if len(self.parts) == 1 else NoGradSync()
         if dp == 1:
             return NoGradSync()
