@@ -7,7 +7,12 @@ like any ``ValueError``.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ParatrainError"]
+from enum import Enum
+from typing import Any, TypeVar
+
+E = TypeVar("E", bound=Enum)
+
+__all__ = ["ConfigError", "ParatrainError", "parse_enum", "require_positive", "require_positive_int"]
 
 
 class ParatrainError(Exception):
@@ -46,3 +51,14 @@ def require_positive_int(field: str, value: object) -> None:
         raise ConfigError(field, f"must be an integer, got {value!r}", f"set {field} to an integer")
     if value <= 0:
         raise ConfigError(field, f"must be positive, got {value}", f"set {field} to at least 1")
+
+
+def parse_enum(cls: type[E], field: str, value: Any) -> E:
+    """``value`` as a member of ``cls`` (case-insensitive by value), or a ConfigError listing the choices."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise ConfigError(field, f"unknown value {value!r}", f"use one of: {choices}") from None

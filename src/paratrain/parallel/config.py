@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paratrain.errors import ConfigError, require_positive_int
+from paratrain.errors import ConfigError, parse_enum, require_positive_int
 
 if TYPE_CHECKING:
     from paratrain.spec.model import ModelSpec
@@ -53,15 +53,6 @@ class Recompute(str, Enum):
         return self.value
 
 
-def _enum(cls: type[Enum], field: str, value: Any) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).lower())
-    except ValueError:
-        choices = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise ConfigError(field, f"unknown value {value!r}", f"use one of: {choices}") from None
-
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -94,8 +85,8 @@ class ParallelConfig:
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.dp * self.microbatch * self.pp)
         require_positive_int("global_batch", self.global_batch)
-        object.__setattr__(self, "schedule", _enum(ScheduleName, "schedule", self.schedule))
-        object.__setattr__(self, "recompute", _enum(Recompute, "recompute", self.recompute))
+        object.__setattr__(self, "schedule", parse_enum(ScheduleName, "schedule", self.schedule))
+        object.__setattr__(self, "recompute", parse_enum(Recompute, "recompute", self.recompute))
         order = tuple(str(a) for a in self.mesh_order)
         if sorted(order) != sorted(AXES):
             raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")

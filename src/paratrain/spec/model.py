@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError, require_positive_int
+from paratrain.errors import ConfigError, parse_enum, require_positive_int
 
 __all__ = [
     "Activation",
@@ -75,15 +75,6 @@ MODEL_OVERRIDE_FIELDS = {
 }
 
 
-def _enum(cls: type[Enum], field: str, value: Any) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).lower())
-    except ValueError:
-        choices = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise ConfigError(field, f"unknown value {value!r}", f"use one of: {choices}") from None
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -118,10 +109,10 @@ class ModelSpec:
             v = getattr(self, f)
             if v is not None:
                 require_positive_int(f, v)
-        object.__setattr__(self, "arch", _enum(Arch, "arch", self.arch))
-        object.__setattr__(self, "norm", _enum(Norm, "norm", self.norm))
-        object.__setattr__(self, "activation", _enum(Activation, "activation", self.activation))
-        object.__setattr__(self, "position", _enum(Position, "position", self.position))
+        object.__setattr__(self, "arch", parse_enum(Arch, "arch", self.arch))
+        object.__setattr__(self, "norm", parse_enum(Norm, "norm", self.norm))
+        object.__setattr__(self, "activation", parse_enum(Activation, "activation", self.activation))
+        object.__setattr__(self, "position", parse_enum(Position, "position", self.position))
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
         if self.hidden % self.heads:
