@@ -13,11 +13,15 @@ processes, each step followed by the same global-norm clipping and AdamW step; t
 alternate step by step so that both see the same background load. Iteration time = median step
 time after the first step, and the minimum (least disturbed by other processes on a shared machine).
 
-Then it calibrates the ``cpu`` device with one thread (``paratrain calibrate`` into a temporary
-cache) and simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``),
-comparing bubble fraction and iteration time with the engine's measured trace (both computed as in
-``paratrain compare``; measured: mean over the steps after the first). Targets (issue 6): ratio
-ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time within 15 %.
+Right before and right after that launch it calibrates the ``cpu`` device and links as the run
+uses them (``paratrain calibrate --threads 1 --procs 2`` into a temporary cache: two gloo processes
+of one thread measuring at once, sustained rates) and simulates every schedule with each
+calibration (``paratrain.sim.simulate_config``, cluster ``cpu``, PyTorch's AdamW as the optimizer
+step), comparing bubble fraction and iteration time with the engine's measured trace (both
+computed as in ``paratrain compare``; measured: mean bubble and median iteration over the steps
+after the first). For reference it also simulates with the earlier calibration (one process, best
+of repeats, ``--procs 1``). Targets (issue 6): ratio ours/torch ≤ 1.0; bubble within 5 points;
+simulated iteration time within 15 %.
 """
 
 from __future__ import annotations
@@ -313,6 +317,49 @@ def _simulate_replay(a: argparse.Namespace, name: str, trace: Path):
     return simulate(sched, timing)
 
 
+def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
+                    cluster=None) -> tuple[float, float] | None:
+    """(bubble, iteration time) of the schedule simulated with every compute action and optimizer
+    step taking exactly its own measured duration (the i-th compute span of a rank is its i-th
+    compute action) and free communication, or with ``cluster``, the communication of the cost
+    model on it (p2p, reductions, the gradient-norm all-reduce): what is left is idle time that
+    neither the schedule's order nor the modelled communication produces. Synchronous schedules:
+    per step after the first, mean bubble, median iteration (as measured); asynchronous ones: the
+    whole run."""
+    from paratrain.cli.compare import load_trace
+    from paratrain.runtime.pipeline import schedule_for
+    from paratrain.schedule.ir import ActionKind as K
+    from paratrain.sim import Timing, simulate, timing_for_config
+
+    timed = (K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER_STEP)
+    sched = schedule_for(_config(a, name), a.steps)
+    spans, _ = load_trace(str(trace), "trace")
+    n = sched.num_chunks
+    idx = [[i for i, x in enumerate(row) if x.kind in timed] for row in sched.actions]
+    out = []
+    for k in range(1, steps) if sched.iterations == 1 else [None]:
+        per_rank = []
+        for r in range(sched.stages):
+            sel = sorted((sp for sp in spans if sp.rank == r and sp.stream == "compute"
+                          and (k is None or sp.step == k)), key=lambda sp: sp.start_s)
+            if len(sel) != len(idx[r]):
+                return None
+            per_rank.append(dict(zip(idx[r], (sp.duration_s for sp in sel), strict=True)))
+        timing = Timing(forward_s=(0.0,) * n, backward_s=(0.0,) * n, input_s=(0.0,) * n, weight_s=(0.0,) * n,
+                        p2p_s=lambda src, dst, c: 0.0, reduce_s=(0.0,) * n, optimizer_s=(0.0,) * sched.stages,
+                        action_s=lambda r, i, per_rank=per_rank: per_rank[r].get(i))
+        if cluster is not None:
+            from paratrain.cost.stage import chunk_costs
+
+            cfg = _config(a, name)
+            comm = timing_for_config(sched, chunk_costs(_spec(a), cluster, cfg), cluster, cfg, optimizer="torch")
+            timing = dataclasses.replace(timing, p2p_s=comm.p2p_s, reduce_s=comm.reduce_s,
+                                         step_allreduce_s=comm.step_allreduce_s)
+        res = simulate(sched, timing)
+        out.append((res.bubble_fraction, res.iteration_time_s))
+    return statistics.mean(b for b, _ in out), statistics.median(t for _, t in out)
+
+
 def _table(title: str, rows: list[tuple[str, float, float, float, float]]) -> None:
     print(f"\n{title}")
     print(f"{'schedule':<13}{'bubble meas':>12}{'bubble sim':>11}{'diff pts':>9}{'iter meas s':>12}"
@@ -347,8 +394,19 @@ def main() -> None:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("worker", "out")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "127.0.0.1:0", __file__, "--worker", f"--out={tmp}", *args]
+    cal = {"before": str(tmp / "cal-before"), "after": str(tmp / "cal-after"), "1proc": str(tmp / "cal-1proc")}
+
+    def calibrate(which: str, *flags: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "paratrain", "calibrate", *flags], check=True,
+                           env={**env, "PARATRAIN_CACHE": cal[which]}, capture_output=True, text=True)
+        return f"load {os.getloadavg()[0]:.1f}\n" + r.stdout
+
+    cal_log = {"before": calibrate("before", "--threads", "1", "--procs", "2")}
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, env=env)
+    load_run = os.getloadavg()[0]
+    cal_log["after"] = calibrate("after", "--threads", "1", "--procs", "2")
+    cal_log["1proc"] = calibrate("1proc", "--threads", "1", "--procs", "1")
     print(f"launch: {time.perf_counter() - t0:.0f} s wall; model {a.layers} layers, hidden {a.hidden}, seq {a.seq}, "
           f"vocab {a.vocab}; {a.microbatches} micro-batches of {a.microbatch}; pp=2, 1 thread per process")
     times = json.loads((tmp / "times.json").read_text())
@@ -361,7 +419,7 @@ def main() -> None:
             o_min, t_min = min(t["ours"][1:]), min(t["torch"][1:])
             print(f"{name:<13}{ours:>12.4f}{theirs:>13.4f}{ours / theirs:>7.3f}{o_min:>10.4f}{t_min:>10.4f}"
                   f"{o_min / t_min:>7.3f}")
-    print(f"(load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; the minimum is the "
+    print(f"(load average at the end of the run: {load_run:.1f} on {os.cpu_count()} cores; the minimum is the "
           "figure least disturbed by other processes)")
     profile = json.loads((tmp / "profile.json").read_text())
     measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
@@ -375,19 +433,43 @@ def main() -> None:
         sim = _simulate_replay(a, name, tmp / f"{name}.trace.json")
         rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
     _table("measured vs simulated, the run's own mean compute durations, free communication (replay)", rows)
-    # calibrate the cpu device with one thread, into the temporary cache the simulator reads
-    subprocess.run([sys.executable, "-m", "paratrain", "calibrate"], check=True, env=env, capture_output=True)
-    os.environ["PARATRAIN_CACHE"] = env["PARATRAIN_CACHE"]
-    from paratrain.sim import simulate_config
+    rows = []
+    for name, (b_meas, it_meas) in measured.items():
+        exact = _simulate_exact(a, name, tmp / f"{name}.trace.json", a.steps)
+        if exact is not None:
+            rows.append((name, b_meas, exact[0], it_meas, exact[1]))
+    _table("measured vs simulated, every action its own measured duration, free communication (exact replay)", rows)
+    os.environ["PARATRAIN_CACHE"] = cal["after"]
     from paratrain.spec.cluster import resolve_cluster
 
     cluster = resolve_cluster("cpu", "--cluster", gpus=2)
     rows = []
     for name, (b_meas, it_meas) in measured.items():
-        sim = simulate_config(_spec(a), cluster, _config(a, name), record=True)
-        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-    _table(f"measured vs simulated from the cost model (cluster cpu, device calibrated with one thread: "
-           f"{cluster.device.peak_fp32_flops / 1e9:.1f} GFLOP/s fp32 peak)", rows)
+        exact = _simulate_exact(a, name, tmp / f"{name}.trace.json", a.steps, cluster)
+        if exact is not None:
+            rows.append((name, b_meas, exact[0], it_meas, exact[1]))
+    _table("measured vs simulated, every action its own measured duration, communication calibrated just after "
+           "the run (exact replay)", rows)
+    from paratrain.sim import simulate_config
+
+    titles = {
+        "1proc": "calibrated the earlier way: 1 process, best of repeats (paratrain calibrate --threads 1 --procs 1)",
+        "before": "calibrated just before the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
+        "after": "calibrated just after the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
+    }
+    for which in ("1proc", "before", "after"):
+        os.environ["PARATRAIN_CACHE"] = cal[which]
+        cluster = resolve_cluster("cpu", "--cluster", gpus=2)
+        dev = cluster.device
+        link = cluster.intra_link
+        print(f"\ncalibration {which} ({cal_log[which].splitlines()[0]}): GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s,"
+              f" copy {dev.memory_bandwidth_Bps / 1e9:.2f} GB/s, kernel {dev.kernel_overhead_s * 1e6:.1f} us, "
+              f"link {link.latency_s * 1e6:.0f} us + n / {link.bandwidth_Bps / 1e9:.2f} GB/s")
+        rows = []
+        for name, (b_meas, it_meas) in measured.items():
+            sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch")
+            rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+        _table(f"measured vs simulated from the cost model, {titles[which]}", rows)
     print(f"\ntraces: {tmp}/<schedule>.trace.json (paratrain compare MEASURED SIMULATED)")
 
 

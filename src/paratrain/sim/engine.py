@@ -55,6 +55,13 @@ class Timing:
     global_rank: Callable[[int], int] = field(default=lambda r: r)
     reduce_groups: tuple[tuple[int, ...], ...] = ()
     tp_groups: tuple[tuple[int, ...], ...] = ()  # per pipeline rank: its tensor-parallel group
+    # Global-norm gradient clipping across pipeline stages: the k-th optimizer step of every rank
+    # first all-reduces the squared gradient norm (one scalar) over all ranks, so it starts when the
+    # last rank is ready plus this all-reduce's time. None: the ranks' steps are independent.
+    step_allreduce_s: float | None = None
+    # Per-action override of compute durations: ``action_s(rank, index)`` for the action at
+    # ``index`` of the rank's list, or None to keep the per-chunk time (replays of measured runs).
+    action_s: Callable[[int, int], float | None] | None = None
 
 
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
@@ -173,7 +180,8 @@ def run_schedule(
             if d is not None:
                 mb = a.microbatch
                 bidx = mb // m_per if k in ends_batch and mb % m_per == m_per - 1 else -1
-                out.append((0, d[a.chunk], o + i, bidx))
+                v = timing.action_s(r, i) if timing.action_s is not None else None
+                out.append((0, d[a.chunk] if v is None else v, o + i, bidx))
                 i += 1
                 continue
             if k in p2p:
@@ -194,7 +202,8 @@ def run_schedule(
                 reds.setdefault(groups_of_chunk[a.chunk], {}).setdefault(r, []).append(o + i)
                 out.append((2, timing.reduce_s[a.chunk], o + i, 0))
             elif k is K.OPTIMIZER_STEP:
-                out.append((3, timing.optimizer_s[r], o + i, 0))
+                v = timing.action_s(r, i) if timing.action_s is not None else None
+                out.append((3, timing.optimizer_s[r] if v is None else v, o + i, 0))
             else:  # filler work
                 out.append((0, a.duration_s or 0.0, o + i, -1))
             i += 1
@@ -228,6 +237,13 @@ def run_schedule(
                 "validate the schedule (paratrain.schedule.validate) for the offending action",
             )
     members_of: dict[int, tuple[int, ...]] = {}
+    step_members: dict[int, tuple[int, ...]] = {}
+    if timing.step_allreduce_s is not None:
+        ups = [[off[r] + i for i, a in enumerate(row) if a.kind is K.OPTIMIZER_STEP] for r, row in enumerate(acts)]
+        for k_ in range(min(len(u) for u in ups)):
+            ms = tuple(u[k_] for u in ups)
+            for g in ms:
+                step_members[g] = ms
     for members in reds.values():
         ranks = sorted(members)
         for t_ in range(min(len(v) for v in members.values())):
@@ -368,6 +384,29 @@ def run_schedule(
                                 events.append(TraceEvent(q, "comm", f"R@c{c}", start, dur, "reduce"))
                 if fin > ready:
                     ready = fin
+            sync = step_members.get(g)
+            if sync is not None:
+                # the gradient-norm all-reduce: every rank's matching step must be ready first
+                if post[g] < 0:
+                    post[g] = ready
+                    w = waiters.pop(g, None)
+                    if w:
+                        run.extend(w)
+                for m in sync:
+                    if post[m] < 0:
+                        waiters.setdefault(m, []).append(r)
+                        blocked = True
+                        break
+                if blocked:
+                    break
+                start = max(post[m] for m in sync)
+                done = start + timing.step_allreduce_s
+                if record and g == sync[0]:
+                    log.append(CommRecord("all_reduce", 4, tuple(grank(q) for q in range(p)), start,
+                                          timing.step_allreduce_s))
+                if record and done > ready:
+                    events.append(TraceEvent(r, "comm", "allreduce(grad norm)", ready, done - ready, "reduce"))
+                ready = done
             pending[r].clear()
             t = ready
             if record and val > 0:

@@ -254,11 +254,33 @@ def simulate(
     )
 
 
+# Element accesses (reads + writes) per parameter of PyTorch's single-tensor AdamW (torch.optim
+# ``_single_tensor_adam``, ``foreach=False``) in fp32, kernel by kernel: decoupled weight decay
+# ``param.mul_`` 2, ``exp_avg.lerp_(grad)`` 3, ``exp_avg_sq.mul_`` 2 and ``.addcmul_(grad, grad)`` 3,
+# ``denom = (exp_avg_sq.sqrt() / c).add_(eps)`` 6, ``param.addcdiv_(exp_avg, denom)`` 4 = 20; and
+# global-norm clipping as paratrain's runtime does it: ``grad.pow(2).sum()`` 3, ``grad.mul_(coef)`` 2.
+_TORCH_ADAMW_ACCESSES = 25
+OPTIMIZERS = ("fused", "torch")
+
+
 def timing_for_config(
-    schedule: Schedule, costs: Sequence[ChunkCost], cluster: ClusterSpec, config: ParallelConfig
+    schedule: Schedule, costs: Sequence[ChunkCost], cluster: ClusterSpec, config: ParallelConfig,
+    *, optimizer: str = "fused",
 ) -> Timing:
-    """Durations from the cost model; communication timed between the ranks' places on ``cluster``."""
+    """Durations from the cost model; communication timed between the ranks' places on ``cluster``.
+
+    ``optimizer`` is how the optimizer step is implemented: ``fused`` (one pass: read the
+    gradients, read and write the optimizer state, write the weights) or ``torch`` (PyTorch's
+    AdamW with ``foreach=False`` and global-norm clipping, as ``paratrain train`` runs them: a
+    pass per element-wise kernel, fp32 state). Synchronous schedules clip by the norm of the
+    whole model, so every optimizer step waits for all ranks and all-reduces one scalar
+    (``Timing.step_allreduce_s``); asynchronous ones reduce the norm only within their stage's
+    data/tensor-parallel group, at the same time on every member (added to the step)."""
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError("optimizer", f"unknown optimizer implementation {optimizer!r}",
+                          f"use one of: {', '.join(OPTIMIZERS)}")
     from paratrain.cost.collectives import collective_time
+    from paratrain.cost.compute import dtype_bytes
 
     if len(costs) != schedule.num_chunks:
         raise ConfigError("costs", f"{len(costs)} chunk costs for {schedule.num_chunks} chunks", "give one per chunk")
@@ -294,12 +316,21 @@ def timing_for_config(
     # Adam is memory-bound: it reads the gradients, reads and writes the optimizer state (master
     # weights and moments) and writes the weights once per step.
     bw = cluster.device.memory_bandwidth_Bps
+
+    def step_bytes(c: int) -> float:
+        if optimizer == "torch":
+            return _TORCH_ADAMW_ACCESSES * 4 * costs[c].weight_bytes / dtype_bytes(config.dtype)
+        return costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes
+
+    world = tuple(range(config.world_size))
+    norm_s = collective_time("all_reduce", 4, world, cluster).time_s
+    if config.schedule.is_async:
+        stage = tuple(config.rank_of(dp=d, tp=k) for d in range(config.dp) for k in range(config.tp))
+        stage_norm_s = collective_time("all_reduce", 4, stage, cluster).time_s
+    else:
+        stage_norm_s = 0.0
     opt = tuple(
-        sum(
-            costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes for c, _ in schedule.chunks_of(r)
-        )
-        / bw
-        for r in range(schedule.stages)
+        sum(step_bytes(c) for c, _ in schedule.chunks_of(r)) / bw + stage_norm_s for r in range(schedule.stages)
     )
     return Timing(
         forward_s=tuple(c.forward_s for c in costs),
@@ -316,6 +347,7 @@ def timing_for_config(
         global_rank=grank,
         reduce_groups=tuple(groups),
         tp_groups=tuple(tuple(config.rank_of(pp=r, tp=k) for k in range(config.tp)) for r in range(schedule.stages)),
+        step_allreduce_s=None if config.schedule.is_async else norm_s,
     )
 
 
@@ -326,9 +358,11 @@ def simulate_config(
     *,
     overlap_grad_reduce: bool = True,
     record: bool = False,
+    optimizer: str = "fused",
 ) -> SimResult:
     """Simulate one iteration of ``config`` (what the planner calls). ``record=True`` keeps the
-    trace events and the per-operation communication log."""
+    trace events and the per-operation communication log; ``optimizer`` as in
+    :func:`timing_for_config`."""
     from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
 
@@ -344,7 +378,7 @@ def simulate_config(
     costs = chunk_costs(model, cluster, config)
     res = simulate(
         schedule,
-        timing_for_config(schedule, costs, cluster, config),
+        timing_for_config(schedule, costs, cluster, config, optimizer=optimizer),
         overlap_grad_reduce=overlap_grad_reduce,
         record=record,
     )

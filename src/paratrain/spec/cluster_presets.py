@@ -6,10 +6,14 @@ collectives see, not the raw link latency.
 
 from __future__ import annotations
 
-from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind
-from paratrain.spec.device import resolve_device
+import json
+from pathlib import Path
 
-__all__ = ["CLUSTER_PRESETS", "cluster_preset"]
+from paratrain.errors import ConfigError
+from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind
+from paratrain.spec.device import cpu_calibration_path, resolve_device
+
+__all__ = ["CLUSTER_PRESETS", "cluster_preset", "cpu_cluster_calibration_path", "cpu_links"]
 
 GB = 1e9
 Gbit = 1e9 / 8
@@ -63,16 +67,37 @@ def _piz_daint() -> ClusterSpec:
     )
 
 
+def cpu_cluster_calibration_path() -> Path:
+    """Where ``paratrain calibrate`` stores the measured gloo links of this machine."""
+    return cpu_calibration_path().parent / "cpu-cluster.json"
+
+
+def cpu_links() -> LinkSpec | None:
+    """The link between two processes of this machine: the alpha-beta fit of a gloo send/recv
+    ping-pong over loopback measured by ``paratrain calibrate`` (``cpu-cluster.json``); None when
+    nothing (or nothing readable) was measured."""
+    path = cpu_cluster_calibration_path()
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+            return LinkSpec(bandwidth_Bps=float(doc["p2p_bandwidth_Bps"]), latency_s=float(doc["p2p_latency_s"]))
+        except (ValueError, KeyError, TypeError, ConfigError):
+            pass  # a stale or damaged file falls back to the default, as the device's does
+    return None
+
+
 def _cpu() -> ClusterSpec:
-    # This machine: processes talk through gloo over loopback TCP. Figures are conservative
-    # defaults; `paratrain calibrate` measures the device itself.
+    # This machine: processes talk through gloo over loopback TCP. Calibrated: the one link
+    # `paratrain calibrate` measures (every "node" is this machine, so inter-node is the same);
+    # otherwise conservative defaults (loopback TCP: tens of microseconds, a few GB/s).
+    link = cpu_links()
     return ClusterSpec(
         name="cpu",
         device=resolve_device("cpu"),
         nodes=1,
         devices_per_node=8,
-        intra_link=LinkSpec(bandwidth_Bps=2 * GB, latency_s=50e-6),
-        inter_link=LinkSpec(bandwidth_Bps=1 * GB, latency_s=100e-6),
+        intra_link=link or LinkSpec(bandwidth_Bps=2 * GB, latency_s=50e-6),
+        inter_link=link or LinkSpec(bandwidth_Bps=1 * GB, latency_s=100e-6),
         topology=Topology(kind=TopologyKind.SINGLE_SWITCH),
     )
 

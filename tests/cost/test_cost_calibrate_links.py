@@ -1,0 +1,96 @@
+"""`paratrain calibrate` links: the alpha-beta fit, the `cpu` cluster preset reading it, the
+sustained-rate timer, and the command's input checks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from paratrain.cli.calibrate import _mean_time, fit_alpha_beta
+from paratrain.cost.collectives import collective_time
+from paratrain.spec.cluster import resolve_cluster
+from paratrain.spec.cluster_presets import cpu_cluster_calibration_path, cpu_links
+from tests.conftest import assert_one_line_error
+
+
+def test_fit_recovers_an_exact_line() -> None:
+    sizes = [4096.0, 65536.0, 262144.0, 1048576.0]
+    times = [50e-6 + n / 2e9 for n in sizes]
+    alpha, beta = fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(50e-6, rel=1e-9) and beta == pytest.approx(2e9, rel=1e-9)
+
+
+def test_fit_least_squares_on_noisy_points() -> None:
+    """Two points above and two below the line by the same amount, symmetric in size: the
+    least-squares line is the line itself."""
+    sizes = [1.0, 2.0, 3.0, 4.0]
+    times = [10 + 1 + 0.5, 10 + 2 - 0.5, 10 + 3 - 0.5, 10 + 4 + 0.5]  # alpha 10, 1 byte per second
+    alpha, beta = fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(10.0) and beta == pytest.approx(1.0)
+
+
+def test_fit_clips_a_negative_latency_and_falls_back_on_a_flat_curve() -> None:
+    sizes = [1e3, 1e6]
+    alpha, beta = fit_alpha_beta(sizes, [1e-6, 2e-3])  # the line through both crosses below 0
+    assert alpha == 0.0
+    assert beta == pytest.approx(sum(x * x for x in sizes) / (1e3 * 1e-6 + 1e6 * 2e-3))
+    alpha, beta = fit_alpha_beta(sizes, [3e-3, 2e-3])  # larger message faster: no slope
+    assert alpha == 2e-3 and beta == pytest.approx(1e6 / 2e-3)
+    with pytest.raises(ValueError):
+        fit_alpha_beta([1.0], [1.0])
+
+
+def test_cpu_cluster_reads_the_measured_link(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    assert cpu_links() is None
+    default = resolve_cluster("cpu", gpus=2)
+    cpu_cluster_calibration_path().write_text(json.dumps({"p2p_latency_s": 1.5e-3, "p2p_bandwidth_Bps": 2.5e9}))
+    assert cpu_cluster_calibration_path() == tmp_path / "cpu-cluster.json"
+    c = resolve_cluster("cpu", gpus=2)
+    assert (c.intra_link.latency_s, c.intra_link.bandwidth_Bps) == (1.5e-3, 2.5e9)
+    assert c.intra_link != default.intra_link
+    n = 256 * 1024
+    assert collective_time("p2p", n, (0, 1), c).time_s == pytest.approx(1.5e-3 + n / 2.5e9)
+    cpu_cluster_calibration_path().write_text("{not json")
+    assert resolve_cluster("cpu", gpus=2).intra_link == default.intra_link
+
+
+def test_mean_time_counts_every_call_until_the_deadline() -> None:
+    calls = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    t = _mean_time(fn, repeats=1, deadline=time.perf_counter() - 1)
+    assert len(calls) == 4  # warm-up + the three a mean needs at least
+    assert t >= 0.002
+    calls.clear()
+    _mean_time(fn, repeats=1, deadline=time.perf_counter() + 0.05)
+    assert len(calls) >= 10  # runs until the deadline, whatever `repeats` says
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--procs"])
+def test_bad_counts_are_one_line_errors(run_cli, tmp_path, monkeypatch, flag) -> None:
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    code, _, err = run_cli("calibrate", flag, "0")
+    assert_one_line_error(code, err, flag)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_two_process_calibration_writes_device_and_links(run_cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    code, out, err = run_cli("calibrate", "--threads", "1", "--procs", "2", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["links_path"] == str(tmp_path / "cpu-cluster.json")
+    links = json.loads((tmp_path / "cpu-cluster.json").read_text())
+    assert 0 <= links["p2p_latency_s"] < 1.0 and 1e6 < links["p2p_bandwidth_Bps"] < 1e12
+    assert len(links["p2p_s_by_bytes"]) == 5 and len(links["allreduce_s_by_bytes"]) == 3
+    assert doc["device"]["sm_count"] == 1
+    c = resolve_cluster("cpu", gpus=2)
+    assert c.intra_link.latency_s == links["p2p_latency_s"]
+    assert c.device.peak_fp32_flops == doc["device"]["peak_fp32_flops"]
