@@ -62,6 +62,15 @@ GpusOpt = Annotated[
     int | None, typer.Option("--gpus", help="Size the cluster to this many devices.", rich_help_panel=_C)
 ]
 
+CalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--calibration",
+        help="Apply fitted efficiencies to the cluster: vtrain-a100 (fitted on measured Megatron-DeepSpeed runs).",
+        rich_help_panel=_C,
+    ),
+]
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 
@@ -84,6 +93,19 @@ def resolve_cluster_opts(
     cluster: str, device: str | None = None, nodes: int | None = None, gpus: int | None = None
 ) -> ClusterSpec:
     return resolve_cluster(cluster, "--cluster", nodes=nodes, gpus=gpus, device=device)
+
+
+def apply_calibration(cluster: ClusterSpec, name: str | None) -> ClusterSpec:
+    """``cluster`` with a named calibration's device efficiencies and link figures (``None``: as is)."""
+    if name is None:
+        return cluster
+    from paratrain.errors import ConfigError
+    from paratrain.plan.calibrated import CALIBRATIONS
+    from paratrain.plan.validate import with_calibration
+
+    if name not in CALIBRATIONS:
+        raise ConfigError("--calibration", f"unknown calibration {name!r}", f"use one of: {', '.join(CALIBRATIONS)}")
+    return with_calibration(cluster, CALIBRATIONS[name])
 
 
 def resolve_device_opt(device: str) -> DeviceSpec:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.cli.options import (
+    CalibrationOpt,
     ClusterOpt,
     DeviceOpt,
     FfnOpt,
@@ -30,6 +31,7 @@ from paratrain.cli.options import (
     NodesOpt,
     SeqOpt,
     VocabOpt,
+    apply_calibration,
     print_json,
     resolve_cluster_opts,
     resolve_model_opts,
@@ -273,13 +275,14 @@ def plan_command(
         bool, typer.Option("--advise-shape", help="Also report faster nearby model shapes.", rich_help_panel=_S)
     ] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the winner as a run document.")] = None,
+    calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.plan.search import plan
     from paratrain.plan.space import DEFAULT_SCHEDULES, Pins
 
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
-    clus = resolve_cluster_opts(cluster, device, nodes, gpus)
+    clus = apply_calibration(resolve_cluster_opts(cluster, device, nodes, gpus), calibration)
     for flag, val in (("--top", top), ("--confirm", confirm)):
         if val < 1:
             raise ConfigError(flag, f"must be at least 1, got {val}", f"e.g. {flag} 5")

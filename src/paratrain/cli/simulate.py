@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from paratrain.cli.options import (
+    CalibrationOpt,
     DeviceOpt,
     FfnOpt,
     GpusOpt,
@@ -31,6 +32,7 @@ from paratrain.cli.options import (
     NodesOpt,
     SeqOpt,
     VocabOpt,
+    apply_calibration,
     parallel_from_opts,
     print_json,
 )
@@ -137,6 +139,7 @@ def simulate(
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome trace (Perfetto) JSON.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG timeline.")] = None,
     comm_log: Annotated[bool, typer.Option("--comm-log", help="Include every transfer/collective in --json.")] = False,
+    calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.parallel.config import load_run_document
@@ -178,7 +181,7 @@ def simulate(
         )
     if gpus is None and nodes is None:
         gpus = cfg.world_size  # size the cluster to the job
-    clus = _resolve_cluster(cluster, doc, device, nodes, gpus)
+    clus = apply_calibration(_resolve_cluster(cluster, doc, device, nodes, gpus), calibration)
     if cfg.world_size > clus.num_devices:
         raise ConfigError(
             "dp*tp*pp",
