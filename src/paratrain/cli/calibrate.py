@@ -49,6 +49,7 @@ __all__ = ["register", "calibrate", "measure_cpu", "measure_comm", "fit_alpha_be
 
 _GEMM_SIZES = (256, 512, 1024)
 _COPY_BYTES = 128 * 2**20  # past the last-level cache of common CPUs
+_EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens x 2048)
 _BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
 _P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
 _ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
@@ -99,10 +100,11 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
     instead (what a long sequence of such kernels gets on a machine shared with other processes).
     """
     import torch
+    import torch.nn.functional as F
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    steps = len(_GEMM_SIZES) + 3
+    steps = len(_GEMM_SIZES) + 4
     timed = _mean_time if sustained else _best_time
 
     def deadline(i: int) -> float:
@@ -117,8 +119,26 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
     elems = _COPY_BYTES // 4
     src = torch.ones(elems, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 3))
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 4))
     bandwidth = 2 * _COPY_BYTES / t_copy  # the copy reads and writes every byte
+    # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
+    # bytes the cost model counts for it (paratrain.cost.compute: reads + writes of n elements):
+    # residual add 3, GeLU (tanh) 2, its backward 3, softmax 2, layer norm 2. Their total bytes over
+    # their total time is the rate element-wise kernels sustain, below the copy's: on a CPU,
+    # transcendental functions and row reductions run slower than the memory system.
+    x = torch.randn(_EW_ELEMENTS // 128, 128)
+    y, g = torch.randn_like(x), torch.randn_like(x)
+    w, b = torch.ones(128), torch.zeros(128)
+
+    def elementwise() -> None:
+        torch.add(x, y)
+        F.gelu(x, approximate="tanh")
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+        torch.softmax(x, -1)
+        F.layer_norm(x, (128,), w, b)
+
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 3))
+    ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * _EW_ELEMENTS / t_ew
     x = torch.ones(8)
     t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 2))
     w = torch.ones(8, 8)
@@ -127,6 +147,7 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
         "gemm_flops_by_size": per_size,
         "peak_fp32_flops": max(per_size.values()),
         "memory_bandwidth_Bps": bandwidth,
+        "elementwise_Bps": ew_bandwidth,
         # The fixed cost of one operator: on a CPU the host runs each kernel itself, so the
         # dispatch adds to every kernel (kernel_overhead_s) and nothing overlaps it (host_issue_s 0).
         "kernel_overhead_s": t_small,
@@ -268,6 +289,7 @@ def measure_machine(procs: int, threads: int) -> tuple[dict[str, Any], dict[str,
     cpu = {
         "gemm_flops_by_size": {n: mean(c["gemm_flops_by_size"][n] for c in cpus) for n in sizes},
         "memory_bandwidth_Bps": mean(c["memory_bandwidth_Bps"] for c in cpus),
+        "elementwise_Bps": mean(c["elementwise_Bps"] for c in cpus),
         "kernel_overhead_s": mean(c["kernel_overhead_s"] for c in cpus),
         "small_matmul_s": mean(c["small_matmul_s"] for c in cpus),
         "threads": threads,
@@ -284,7 +306,9 @@ def _memory_bytes() -> int:
 
 
 def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
-    """A ``cpu`` DeviceSpec whose peaks are the measured best, so efficiencies are 1."""
+    """A ``cpu`` DeviceSpec whose peaks are the measured rates: GEMM efficiency 1; memory
+    efficiency the element-wise kernels' rate over the copy's."""
+    bw = float(m["memory_bandwidth_Bps"])
     return dataclasses.replace(
         DEVICE_PRESETS["cpu"],
         peak_fp32_flops=float(m["peak_fp32_flops"]),
@@ -292,7 +316,8 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         memory_bandwidth_Bps=float(m["memory_bandwidth_Bps"]),
         sm_count=int(m["threads"]),
         gemm_efficiency=1.0,
-        memory_efficiency=1.0,
+        # what element-wise kernels sustain relative to the copy (1 when not measured)
+        memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw)) / bw),
         kernel_overhead_s=float(m["kernel_overhead_s"]),
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
     )
@@ -356,6 +381,9 @@ def calibrate(
     for n, f in m["gemm_flops_by_size"].items():
         print(f"fp32 GEMM {n}x{n}x{n}: {f / 1e9:.1f} GFLOP/s")
     print(f"memory bandwidth (copy of {_COPY_BYTES // 2**20} MiB): {device.memory_bandwidth_Bps / 1e9:.2f} GB/s")
+    if "elementwise_Bps" in m:
+        print(f"element-wise kernels (add, GeLU and its backward, softmax, layer norm; {_EW_ELEMENTS * 4 // 2**20} "
+              f"MiB): {m['elementwise_Bps'] / 1e9:.2f} GB/s = memory efficiency {device.memory_efficiency:.2f}")
     print(f"kernel overhead (tiny add): {device.kernel_overhead_s * 1e6:.1f} us; tiny 8x8 matmul "
           f"{m['small_matmul_s'] * 1e6:.1f} us")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")
