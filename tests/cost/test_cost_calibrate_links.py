@@ -7,12 +7,12 @@ import json
 import time
 
 import pytest
+from tests.conftest import assert_one_line_error
 
 from paratrain.cli.calibrate import _mean_time, fit_alpha_beta
 from paratrain.cost.collectives import collective_time
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path, cpu_links
-from tests.conftest import assert_one_line_error
 
 
 def test_fit_recovers_an_exact_line() -> None:
@@ -94,3 +94,14 @@ def test_two_process_calibration_writes_device_and_links(run_cli, tmp_path, monk
     c = resolve_cluster("cpu", gpus=2)
     assert c.intra_link.latency_s == links["p2p_latency_s"]
     assert c.device.peak_fp32_flops == doc["device"]["peak_fp32_flops"]
+
+
+def test_elementwise_rate_sets_the_memory_efficiency() -> None:
+    from paratrain.cli.calibrate import device_from_measurement
+
+    m = {"peak_fp32_flops": 80e9, "memory_bandwidth_Bps": 12e9, "kernel_overhead_s": 3e-6, "threads": 1,
+         "elementwise_Bps": 3e9}
+    assert device_from_measurement(m).memory_efficiency == pytest.approx(0.25)
+    assert device_from_measurement({**m, "elementwise_Bps": 20e9}).memory_efficiency == 1.0
+    del m["elementwise_Bps"]
+    assert device_from_measurement(m).memory_efficiency == 1.0

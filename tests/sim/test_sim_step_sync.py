@@ -83,9 +83,10 @@ def test_torch_adamw_step_counts_every_kernel_pass() -> None:
     torch_ = timing_for_config(s, costs, CLUSTER, cfg, optimizer="torch")
     for r in range(2):
         w = sum(costs[c].weight_bytes for c, _ in s.chunks_of(r))
-        params = w / 2  # gpt-tiny trains in bf16 by default: 2 bytes per weight
+        params = w / 2  # ParallelConfig's default dtype is bf16: 2 bytes per weight
         assert torch_.optimizer_s[r] == pytest.approx(25 * 4 * params / bw)
-        full = sum(costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes for c, _ in s.chunks_of(r))
+        full = sum(costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes
+                   for c, _ in s.chunks_of(r))
         assert fused.optimizer_s[r] == pytest.approx(full / bw)
     with pytest.raises(ConfigError, match="optimizer"):
         timing_for_config(s, costs, CLUSTER, cfg, optimizer="sgd")
