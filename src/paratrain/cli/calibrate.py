@@ -92,9 +92,10 @@ def _mean_time(fn: Any, *, repeats: int, deadline: float) -> float:
 
 
 def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict[str, Any]:
-    """Measured figures of this machine: GEMM FLOP/s per size, copy bandwidth, kernel overhead.
+    """Measured figures of this machine: GEMM FLOP/s per size, copy bandwidth, element-wise rate,
+    kernel overhead.
 
-    Each of the six measurements gets a cumulative share of ``budget_s``, so a loaded machine
+    Each of the seven measurements gets a cumulative share of ``budget_s``, so a loaded machine
     takes fewer repeats rather than longer. By default each figure is the best repeat (what the
     hardware can do); ``sustained`` gives the mean over back-to-back calls for the whole share
     instead (what a long sequence of such kernels gets on a machine shared with other processes).
