@@ -50,6 +50,7 @@ __all__ = ["register", "calibrate", "measure_cpu", "measure_comm", "fit_alpha_be
 _GEMM_SIZES = (256, 512, 1024)
 _COPY_BYTES = 128 * 2**20  # past the last-level cache of common CPUs
 _EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens x 2048)
+_CHAIN_LAYERS = 10  # long enough that the autograd.grad call's own cost is spread thin
 _BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
 _P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
 _ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
@@ -93,9 +94,9 @@ def _mean_time(fn: Any, *, repeats: int, deadline: float) -> float:
 
 def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict[str, Any]:
     """Measured figures of this machine: GEMM FLOP/s per size, copy bandwidth, element-wise rate,
-    kernel overhead.
+    per-kernel overhead of a training step.
 
-    Each of the seven measurements gets a cumulative share of ``budget_s``, so a loaded machine
+    Each of the eight measurements gets a cumulative share of ``budget_s``, so a loaded machine
     takes fewer repeats rather than longer. By default each figure is the best repeat (what the
     hardware can do); ``sustained`` gives the mean over back-to-back calls for the whole share
     instead (what a long sequence of such kernels gets on a machine shared with other processes).
@@ -105,7 +106,7 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    steps = len(_GEMM_SIZES) + 4
+    steps = len(_GEMM_SIZES) + 5
     timed = _mean_time if sustained else _best_time
 
     def deadline(i: int) -> float:
@@ -120,7 +121,7 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
     elems = _COPY_BYTES // 4
     src = torch.ones(elems, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 4))
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 5))
     bandwidth = 2 * _COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
     # bytes the cost model counts for it (paratrain.cost.compute: reads + writes of n elements):
@@ -138,20 +139,38 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
         torch.softmax(x, -1)
         F.layer_norm(x, (128,), w, b)
 
-    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 3))
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 4))
     ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * _EW_ELEMENTS / t_ew
     x = torch.ones(8)
-    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 2))
+    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 3))
     w = torch.ones(8, 8)
-    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 1))
+    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 2))
+    # A training step's per-operator cost includes autograd: recording the graph in the forward,
+    # running the backward's nodes. Timed on a chain of tiny Linear + GeLU layers, forward and
+    # backward through torch.autograd, divided by the kernels the cost model counts for them
+    # (paratrain.cost.compute.op_kernels: a weight GEMM 1 forward + 2 backward, GeLU 1 + 1).
+    chain = [torch.nn.Linear(8, 8) for _ in range(_CHAIN_LAYERS)]
+    x8 = torch.randn(8, 8, requires_grad=True)
+    leaves = [x8] + [p for lin in chain for p in lin.parameters()]
+
+    def train_chain() -> None:
+        h = x8
+        for lin in chain:
+            h = F.gelu(lin(h), approximate="tanh")
+        torch.autograd.grad([h.sum()], leaves)
+
+    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 1))
+    per_kernel = t_chain / (_CHAIN_LAYERS * (3 + 2))
     return {
         "gemm_flops_by_size": per_size,
         "peak_fp32_flops": max(per_size.values()),
         "memory_bandwidth_Bps": bandwidth,
         "elementwise_Bps": ew_bandwidth,
-        # The fixed cost of one operator: on a CPU the host runs each kernel itself, so the
-        # dispatch adds to every kernel (kernel_overhead_s) and nothing overlaps it (host_issue_s 0).
-        "kernel_overhead_s": t_small,
+        # The fixed cost of one modelled kernel in a training step: on a CPU the host runs each
+        # kernel itself, so dispatch and autograd add to every kernel (kernel_overhead_s) and
+        # nothing overlaps them (host_issue_s 0).
+        "kernel_overhead_s": per_kernel,
+        "small_add_s": t_small,
         "small_matmul_s": t_small_mm,
         "threads": torch.get_num_threads(),
     }
@@ -292,6 +311,7 @@ def measure_machine(procs: int, threads: int) -> tuple[dict[str, Any], dict[str,
         "memory_bandwidth_Bps": mean(c["memory_bandwidth_Bps"] for c in cpus),
         "elementwise_Bps": mean(c["elementwise_Bps"] for c in cpus),
         "kernel_overhead_s": mean(c["kernel_overhead_s"] for c in cpus),
+        "small_add_s": mean(c["small_add_s"] for c in cpus),
         "small_matmul_s": mean(c["small_matmul_s"] for c in cpus),
         "threads": threads,
     }
@@ -385,8 +405,9 @@ def calibrate(
     if "elementwise_Bps" in m:
         print(f"element-wise kernels (add, GeLU and its backward, softmax, layer norm; {_EW_ELEMENTS * 4 // 2**20} "
               f"MiB): {m['elementwise_Bps'] / 1e9:.2f} GB/s = memory efficiency {device.memory_efficiency:.2f}")
-    print(f"kernel overhead (tiny add): {device.kernel_overhead_s * 1e6:.1f} us; tiny 8x8 matmul "
-          f"{m['small_matmul_s'] * 1e6:.1f} us")
+    print(f"kernel overhead (per modelled kernel of tiny Linear+GeLU layers, forward and backward through "
+          f"autograd): {device.kernel_overhead_s * 1e6:.1f} us; tiny add {m['small_add_s'] * 1e6:.1f} us, tiny 8x8 "
+          f"matmul {m['small_matmul_s'] * 1e6:.1f} us")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")
     if cluster_doc is not None:
         sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e6:.0f} us" for k, v in cluster_doc["p2p_s_by_bytes"].items())
