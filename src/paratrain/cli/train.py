@@ -1,4 +1,4 @@
-"""``paratrain train``: real training with torch.distributed (see docs/runtime.md).
+"""``paratrain train``: real training with torch.distributed (see the README, "Real training").
 
 Runs in this process when launched by torchrun (``torchrun --nproc-per-node 4 -m paratrain train
 …``) or for a single process; with ``--nproc N`` it starts N local workers itself through torch's

@@ -1,6 +1,6 @@
 """The training loop of one process (a torchrun worker).
 
-Launch (see docs/runtime.md)::
+Launch (see the README, "Real training")::
 
     paratrain train --model gpt-tiny --steps 50                        # one process
     paratrain train --model gpt-tiny --dp 2 --tp 2 --nproc 4           # launches 4 workers itself

@@ -18,7 +18,7 @@ prefers a ready backward over a ready forward, and a replica's chunk ``c`` admit
 directions never compete for a slot, leaving ``D-2`` idle slots per rank against 1F1B's ``2(D-1)``:
 a bubble fraction of ``(D-2)/(2N+D-2)`` (paper, Table 1, forward and backward of equal length;
 ``tests/sim`` checks it for N = D up to N = 4D). With backward twice the forward this slot
-structure idles more than the formula says (see docs/schedules.md).
+structure idles more than the formula says (see the README, "Pipeline schedules").
 
 Validity: ``D`` even (the two directions collide otherwise, paper Sec. 3.1) and ``N`` a multiple of
 ``D`` (whole basic units; the reference implementation asserts the same).

@@ -270,7 +270,7 @@ class Schedule:
         next to the actions that produce and consume them (:func:`insert_p2p`).
         """
         if not isinstance(doc, dict):
-            raise ConfigError(field_name, "must be a JSON object", "see docs/schedules.md for the format")
+            raise ConfigError(field_name, "must be a JSON object", "see the README, \"Writing a schedule by hand\"")
         known = {
             "name",
             "stages",

@@ -531,7 +531,7 @@ def _check_deadlock(s: Schedule, comp: Compiled) -> None:
             r0,
             i0,
             "deadlock under blocking p2p semantics: " + "; ".join(chain),
-            "reorder sends/receives so that every batch's partners are posted (see docs/schedules.md)",
+            "reorder sends/receives so that every batch's partners are posted (see the README, 'Pipeline schedules')",
         )
 
 
