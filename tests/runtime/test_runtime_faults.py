@@ -7,7 +7,6 @@ failure by itself (an agent would stop them with SIGTERM first).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -133,8 +132,3 @@ def test_unknown_dp_impl(run_cli) -> None:
     assert_one_line_error(code, err, "--dp-impl", "unknown value 'horovod'")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("paratrain.runtime.pipeline") is not None,
-                    reason="the pipeline engine is installed")
-def test_pipeline_without_engine(run_cli) -> None:
-    code, _, err = run_cli("train", *TINY, "--pp", "2", "--nproc", "2")
-    assert_one_line_error(code, err, "--pp", "pipeline engine")

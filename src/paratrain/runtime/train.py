@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import importlib.util
 import math
 import os
 import time
@@ -107,9 +106,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> None:
     """Every check that needs no process group: run it before launching anything."""
     check_model_layout(spec, config)
-    if config.pp > 1 and importlib.util.find_spec("paratrain.runtime.pipeline") is None:
-        raise ConfigError("--pp", f"pp({config.pp}) needs the pipeline engine (paratrain.runtime.pipeline), "
-                          "which this installation does not have", "use --pp 1")
     if config.sequence_parallel and config.pp > 1:
         raise ConfigError("sequence_parallel", "is not wired into the pipeline engine (its transfers carry the "
                           "full sequence)", "use sequence parallelism with --pp 1")

@@ -168,26 +168,6 @@ def _inflight(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(peaks), (1,) * schedule.stages
 
 
-def _inflight(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Peak in-flight micro-batches and live weight versions per rank, without the validator's checks."""
-    if schedule.weight_versions > 1:
-        return inflight_and_versions(schedule)
-    peaks = []
-    f, freeing = K.FORWARD, (K.BACKWARD, K.BACKWARD_WEIGHT)
-    for row in schedule.actions:
-        cur = peak = 0
-        for a in row:
-            k = a.kind
-            if k is f:
-                cur += 1
-                if cur > peak:
-                    peak = cur
-            elif k in freeing:
-                cur -= 1
-        peaks.append(peak)
-    return tuple(peaks), (1,) * schedule.stages
-
-
 def memory_by_rank(schedule: Schedule, costs: Sequence[ChunkCost]) -> tuple[MemoryBreakdown, ...]:
     """Memory of every pipeline rank (see the module docstring); order-based, no timing needed."""
     _, versions = _inflight(schedule)
