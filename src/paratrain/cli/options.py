@@ -117,6 +117,8 @@ def parallel_from_opts(base: ParallelConfig | None = None, **kw: Any) -> Paralle
     given = {k: v for k, v in kw.items() if v is not None}
     if base is not None:
         return base.with_overrides(**given)
+    if str(given.get("schedule", "")).lower() == "interleaved":
+        given.setdefault("virtual_stages", 2)  # interleaving needs at least two chunks per rank
     return ParallelConfig(**given)
 
 

@@ -159,8 +159,6 @@ def simulate(
                 "pick tp and pp whose product divides the GPU count",
             )
         dp = gpus // (t_ * p_)
-    if virtual_stages is None and base is None and (schedule or "").lower() == "interleaved":
-        virtual_stages = 2
     cfg = parallel_from_opts(
         base,
         dp=dp,

@@ -114,8 +114,6 @@ def train(
     else:
         spec = _model_from_doc(doc_model).with_overrides(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
-    if virtual_stages is None and base is None and (schedule or "").lower() == "interleaved":
-        virtual_stages = 2  # as in `paratrain simulate`
     pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
                               optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
                               schedule=schedule, virtual_stages=virtual_stages)
