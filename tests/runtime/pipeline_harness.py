@@ -2,7 +2,8 @@
 
 Run by tests/runtime/test_pipeline_equivalence.py as
 ``python -m torch.distributed.run --nproc-per-node N tests/runtime/pipeline_harness.py --out DIR ...``.
-For each ``--schedules`` entry (``name`` or ``name:untied``) it builds a fresh
+For each ``--schedules`` entry (``name``, ``name:untied`` or ``name:fp64``, the model and every
+tensor it makes in float64) it builds a fresh
 :class:`~paratrain.runtime.train.Trainer` on the same process group, trains ``--steps`` steps and
 rank 0 saves ``DIR/<name>.pt`` = {losses, grad_norms, params}. One launch per layout keeps the
 process start-up (the slow part on a 2-core machine) out of the per-schedule cost.
@@ -54,11 +55,13 @@ def main() -> None:
         train = TrainConfig(steps=a.steps, seed=a.seed, lr=a.lr, data="stdlib", data_cap_bytes=DATA_CAP_BYTES,
                             progress=False, timeout_s=120, trace=trace)
         torch.manual_seed(a.seed)
+        torch.set_default_dtype(torch.float64 if variant == "fp64" else torch.float32)
         trainer = Trainer(dataclasses.replace(ctx, config=cfg), spec, train)
         rows = [trainer.train_step(k) for k in range(a.steps)]
         params = trainer.executor.full_parameters() if cfg.pp > 1 else trainer.full_parameters()
         if trace is not None:
             trainer.executor.finish()
+        torch.set_default_dtype(torch.float32)
         if ctx.rank == 0:
             torch.save({"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
                         "params": params}, f"{a.out}/{entry.replace(':', '-')}.pt")

@@ -195,9 +195,11 @@ class PipelineExecutor:
             t = self.trainer
             cfg, spec, ctx = t.config, t.spec, t.ctx
             self.chunks = self._local_chunks()
+            # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
+            dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
             self.engine = PipelineEngine(
                 self.schedule, self.pp_rank, self.chunks, self,
-                activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=torch.float32,
+                activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype,
                 device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
                 loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=t.autocast,
                 record=t.train.trace is not None)
@@ -269,14 +271,15 @@ class PipelineExecutor:
         from .train import _counts_here
 
         ctx = self.trainer.ctx
-        sq = torch.zeros((), dtype=torch.float32, device=ctx.device)
+        sq = torch.zeros((), dtype=torch.float64, device=ctx.device)  # a scalar: fp64 costs nothing
         for name, lst in self._copies().items():
             p = next((q for rep, q in lst if rep == 0), None)
             if p is None or p.grad is None or not _counts_here(p, ctx):
                 continue
             if not self.is_async and self._tie_owner.get(name, self.pp_rank) != self.pp_rank:
                 continue
-            sq += local_tensor(p.grad).detach().float().pow(2).sum()
+            g = local_tensor(p.grad).detach()
+            sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
         return sq
 
     def optimizer_step(self, index: int) -> None:
@@ -338,7 +341,7 @@ class PipelineExecutor:
         self._step_spans.extend((step, sp) for sp in engine.spans[mark:])
         local = None
         if engine.losses:
-            local = torch.tensor(sum(engine.losses.values()) / self._accum, dtype=torch.float32)
+            local = torch.tensor(sum(engine.losses.values()) / self._accum, dtype=torch.float64)
         t.phase.name = f"step {step} loss reduction"
         loss = t._global_loss(local)
         return self._row(step, loss, step_s)
@@ -370,7 +373,7 @@ class PipelineExecutor:
         self._step_spans.extend((0, sp) for sp in engine.spans)
         for k in range(t.train.steps):
             mine = [v for mb, v in engine.losses.items() if mb // m == k]
-            local = torch.tensor(sum(mine) / m, dtype=torch.float32) if mine else None
+            local = torch.tensor(sum(mine) / m, dtype=torch.float64) if mine else None
             # asynchronous: this rank's stage norm at the step's last update (stages clip separately)
             self._grad_norm = self._norm_of_step.get(k, float("nan"))
             self._async_rows.append({**self._row(k, float("nan"), per_step_s), "local_loss": local})

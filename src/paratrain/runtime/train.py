@@ -143,10 +143,11 @@ def _counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
 
 def global_grad_norm(params: list[nn.Parameter], ctx: RuntimeContext) -> torch.Tensor:
     """L2 norm of all gradients of the whole model, identical on every rank (one all-reduce)."""
-    sq = torch.zeros((), dtype=torch.float32, device=ctx.device)
+    sq = torch.zeros((), dtype=torch.float64, device=ctx.device)  # a scalar: fp64 costs nothing
     for p in params:
         if p.grad is not None and _counts_here(p, ctx):
-            sq += local_tensor(p.grad).detach().float().pow(2).sum()
+            g = local_tensor(p.grad).detach()
+            sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
     if ctx.world_size > 1:
         dist.all_reduce(sq)
     return sq.sqrt()
@@ -202,7 +203,7 @@ class SingleStageExecutor:
         t = self.trainer
         model = t.parts[0]
         n = batch.num_microbatches
-        total = torch.zeros((), device=t.ctx.device)
+        total = torch.zeros((), dtype=torch.float64, device=t.ctx.device)
         for i in range(n):
             inputs, targets = (x.to(t.ctx.device, non_blocking=True) for x in batch.microbatch(i))
             sync = t.grad_sync.accumulate() if i < n - 1 else contextlib.nullcontext()
@@ -215,7 +216,7 @@ class SingleStageExecutor:
                 t.phase.name = f"step {step} backward of micro-batch {i}"
                 with t.tracer.span(f"B{i}@c0", microbatch=i), loss_context(t.config.tp):
                     loss.backward()
-            total += local_tensor(loss.detach()).float()
+            total += local_tensor(loss.detach()).double()
         return total
 
 
@@ -290,7 +291,7 @@ class Trainer:
     def _global_loss(self, local: torch.Tensor | None) -> float:
         # Ranks computing the loss hold it replicated over tp: count it once (tp coordinate 0),
         # sum over the world (dp replicas; a pipeline's last stage) and average over dp.
-        t = torch.zeros((), device=self.ctx.device)
+        t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # reported losses keep fp64 runs' digits
         if local is not None and self.ctx.tp_rank == 0:
             t += local
         if self.ctx.world_size > 1:
