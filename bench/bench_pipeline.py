@@ -17,7 +17,8 @@ Right before and right after that launch it calibrates the ``cpu`` device and li
 uses them (``paratrain calibrate --threads 1 --procs 2`` into a temporary cache: two gloo processes
 of one thread measuring at once, sustained rates) and simulates every schedule with each
 calibration (``paratrain.sim.simulate_config``, cluster ``cpu``, PyTorch's AdamW as the optimizer
-step), comparing bubble fraction and iteration time with the engine's measured trace (both
+step, action durations drawn around the cost model's with the calibrated variation, mean of 32
+draws), comparing bubble fraction and iteration time with the engine's measured trace (both
 computed as in ``paratrain compare``; measured: mean bubble and median iteration over the steps
 after the first). For reference it also simulates with the earlier calibration (one process, best
 of repeats, ``--procs 1``). Targets (issue 6): ratio ours/torch ≤ 1.0; bubble within 5 points;
@@ -101,15 +102,17 @@ def _torch_pipelining(a: argparse.Namespace, ctx, name: str):
     return step
 
 
-def _ours(a: argparse.Namespace, ctx, name: str, out: Path):
-    """paratrain's trainer for ``name`` (trace recorded) and a function running one step of it."""
+def _ours(a: argparse.Namespace, ctx, name: str, out: Path, prefetch: int | None = None):
+    """paratrain's trainer for ``name`` and a function running one step of it; the trace is
+    recorded with the default receive prefetch (``prefetch=None``)."""
     import torch
 
     from paratrain.runtime.train import TrainConfig, Trainer
 
     cfg = _config(a, name)
     train = TrainConfig(steps=a.steps, seed=a.seed, lr=1e-4, data="synthetic", progress=False,
-                        trace=str(out / f"{name}.trace.json"))
+                        trace=str(out / f"{name}.trace.json") if prefetch is None else None,
+                        prefetch_receives=prefetch)
     torch.manual_seed(a.seed)
     trainer = Trainer(dataclasses.replace(ctx, config=cfg), _spec(a), train)
     return trainer, lambda k: trainer.train_step(k)["step_time_s"]
@@ -224,11 +227,14 @@ def worker(a: argparse.Namespace) -> None:
     for name in a.schedules.split(","):
         trainer, ours = _ours(a, ctx, name, out)
         theirs = _torch_pipelining(a, ctx, name) if name in SYNC_PEERS else None
-        results[name] = {"ours": [], "torch": []}
-        for k in range(a.steps):  # alternate, so both see the same background load
+        plain = _ours(a, ctx, name, out, prefetch=0) if name in SYNC_PEERS else None
+        results[name] = {"ours": [], "torch": [], "ours_at_action": []}
+        for k in range(a.steps):  # alternate, so all see the same background load
             results[name]["ours"].append(ours(k))
             if theirs is not None:
                 results[name]["torch"].append(theirs(k))
+            if plain is not None:
+                results[name]["ours_at_action"].append(plain[1](k))
         trainer.executor.finish()
     profile = _profile(a, ctx)
     if ctx.rank == 0:
@@ -241,6 +247,17 @@ def worker(a: argparse.Namespace) -> None:
 
 def _median_after_first(xs: list[float]) -> float:
     return statistics.median(xs[1:] if len(xs) > 1 else xs)
+
+
+def _paired(ours: list[float], theirs: list[float]) -> tuple[float, float, float, int]:
+    """(median ratio, 95 % bootstrap interval of the median, steps where ours was faster) of the
+    per-step ratios after the first step."""
+    import numpy as np
+
+    r = np.array(ours[1:]) / np.array(theirs[1:])
+    rng = np.random.default_rng(0)
+    boots = np.median(rng.choice(r, size=(4000, len(r)), replace=True), axis=1)
+    return float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)), int((r < 1).sum())
 
 
 def _measured(path: Path, steps: int) -> tuple[float, float]:
@@ -259,6 +276,20 @@ def _measured(path: Path, steps: int) -> tuple[float, float]:
         sel = [dataclasses.replace(sp, start_s=sp.start_s - t0) for sp in sel]
         stats.append(timeline_stats(sel, microbatches=m, iterations=1))
     return (statistics.mean(s.bubble_fraction for s in stats), statistics.median(s.iteration_time_s for s in stats))
+
+
+def _fold_u_parts(spans: list) -> list:
+    """Compute spans with each optimizer step's parts (``U.norm``, ``U.stash``: compute before its
+    wait) added to the duration of the ``U`` that follows them on the rank: one span per action."""
+    out, carry = [], {}
+    for sp in sorted(spans, key=lambda sp: (sp.rank, sp.start_s)):
+        if sp.name.startswith("U."):
+            carry[sp.rank] = carry.get(sp.rank, 0.0) + sp.duration_s
+            continue
+        if sp.name == "U" and carry.get(sp.rank):
+            sp = dataclasses.replace(sp, duration_s=sp.duration_s + carry.pop(sp.rank))
+        out.append(sp)
+    return out
 
 
 def _simulate_profiled(a: argparse.Namespace, name: str, profile: dict):
@@ -295,6 +326,7 @@ def _simulate_replay(a: argparse.Namespace, name: str, trace: Path):
     cfg = _config(a, name)
     sched = schedule_for(cfg, a.steps)
     spans, _ = load_trace(str(trace), "trace")
+    spans = _fold_u_parts(spans)
     sums: dict[tuple[str, int], list[float]] = {}
     for sp in spans:
         if sp.stream != "compute" or (sp.step == 0 and sched.iterations == 1):
@@ -334,6 +366,7 @@ def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
     timed = (K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER_STEP)
     sched = schedule_for(_config(a, name), a.steps)
     spans, _ = load_trace(str(trace), "trace")
+    spans = _fold_u_parts(spans)
     n = sched.num_chunks
     idx = [[i for i, x in enumerate(row) if x.kind in timed] for row in sched.actions]
     out = []
@@ -374,7 +407,7 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -421,6 +454,16 @@ def main() -> None:
                   f"{o_min / t_min:>7.3f}")
     print(f"(load average at the end of the run: {load_run:.1f} on {os.cpu_count()} cores; the minimum is the "
           "figure least disturbed by other processes)")
+    print("\npaired per step (the two ran back to back): median of ours/torch over steps 2..N, 95 % bootstrap "
+          "interval of that median, steps where ours was faster; and the same for ours without receive prefetch")
+    print(f"{'schedule':<13}{'ours/torch':>11}{'95% interval':>16}{'faster':>8}{'no-prefetch/torch':>19}"
+          f"{'95% interval':>16}")
+    for name, t in times.items():
+        if t["torch"]:
+            r, lo, hi, wins = _paired(t["ours"], t["torch"])
+            r0, lo0, hi0, _ = _paired(t["ours_at_action"], t["torch"])
+            interval, interval0, faster = f"{lo:.3f}-{hi:.3f}", f"{lo0:.3f}-{hi0:.3f}", f"{wins}/{len(t['ours']) - 1}"
+            print(f"{name:<13}{r:>11.3f}{interval:>16}{faster:>8}{r0:>19.3f}{interval0:>16}")
     profile = json.loads((tmp / "profile.json").read_text())
     measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
     rows = []
@@ -457,6 +500,15 @@ def main() -> None:
         "before": "calibrated just before the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
         "after": "calibrated just after the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
     }
+    from paratrain.cli.compare import duration_variation, load_trace
+
+    def run_cv(name: str) -> float:
+        spans, meta = load_trace(str(tmp / f"{name}.trace.json"), "trace")
+        return duration_variation([sp for sp in spans if sp.step != 0] if int(meta["iterations"]) == 1 else spans)
+
+    cvs = {name: run_cv(name) for name in measured}
+    print("\nmeasured variation of action durations (pooled std / mean, paratrain compare): "
+          + ", ".join(f"{n} {v:.3f}" for n, v in cvs.items()))
     for which in ("1proc", "before", "after"):
         os.environ["PARATRAIN_CACHE"] = cal[which]
         cluster = resolve_cluster("cpu", "--cluster", gpus=2)
@@ -464,12 +516,26 @@ def main() -> None:
         link = cluster.intra_link
         print(f"\ncalibration {which} ({cal_log[which].splitlines()[0]}): GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s,"
               f" copy {dev.memory_bandwidth_Bps / 1e9:.2f} GB/s, kernel {dev.kernel_overhead_s * 1e6:.1f} us, "
-              f"link {link.latency_s * 1e6:.0f} us + n / {link.bandwidth_Bps / 1e9:.2f} GB/s")
-        rows = []
-        for name, (b_meas, it_meas) in measured.items():
-            sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch")
-            rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-        _table(f"measured vs simulated from the cost model, {titles[which]}", rows)
+              f"link {link.latency_s * 1e6:.0f} us + n / {link.bandwidth_Bps / 1e9:.2f} GB/s, "
+              f"duration variation {dev.duration_cv:.3f}")
+        variants = [(None, "")] if which != "before" else [(0.0, ", every action at its mean duration (variation "
+                                                            "0)"), (None, "")]
+        for cv, note in variants:
+            rows = []
+            for name, (b_meas, it_meas) in measured.items():
+                sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch",
+                                      duration_cv=cv)
+                rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+            _table(f"measured vs simulated from the cost model, {titles[which]}{note}", rows)
+        if which == "before":
+            rows = []
+            for name, (b_meas, it_meas) in measured.items():
+                held_out = statistics.fmean(v for n, v in cvs.items() if n != name)
+                sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch",
+                                      duration_cv=held_out)
+                rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+            _table(f"measured vs simulated from the cost model, {titles[which]}, variation measured in the "
+                   "other six runs (mean of their pooled values)", rows)
     print(f"\ntraces: {tmp}/<schedule>.trace.json (paratrain compare MEASURED SIMULATED)")
 
 

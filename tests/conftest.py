@@ -5,6 +5,13 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _own_calibration_cache(tmp_path_factory, monkeypatch):
+    """Tests never read (or write) the user's `paratrain calibrate` results: the `cpu` device is
+    the built-in estimate unless a test calibrates into its own directory."""
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "paratrain-cache"))
+
+
 @pytest.fixture
 def run_cli(capsys):
     """Run the paratrain CLI in-process; returns (exit_code, stdout, stderr)."""

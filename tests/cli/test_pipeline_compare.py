@@ -92,3 +92,19 @@ def test_bad_input_is_one_line(tmp_path: Path, run_cli) -> None:
     assert code == 0  # a trace without steps has nothing to select
     code, _, err = run_cli("compare", str(good), str(good), "--iterations", "0")
     assert_one_line_error(code, err, "--iterations")
+
+
+def test_duration_variation_pools_groups_of_the_same_action() -> None:
+    """forward@c0 on rank 0 lasts 1, 2, 3 (variance/mean² = 1/6), backward@c0 2, 2, 2, 2 (0): the
+    pooled value is sqrt((3/6 + 0) / 7); groups under three spans and U's parts are left out."""
+    from paratrain.cli.compare import Span, duration_variation
+
+    def span(name: str, cat: str, d: float, rank: int = 0) -> Span:
+        return Span(rank, "compute", name, 0.0, d, cat, None, 1)
+
+    spans = [span(f"F{i}@c0", "forward", d) for i, d in enumerate((1.0, 2.0, 3.0))]
+    spans += [span(f"B{i}@c0", "backward", 2.0) for i in range(4)]
+    spans += [span("U.norm", "optimizer", d) for d in (1.0, 5.0, 9.0)]
+    spans += [span("F0@c1", "forward", 1.0, rank=1), span("F1@c1", "forward", 9.0, rank=1)]
+    assert duration_variation(spans) == pytest.approx((3 / 6 / 7) ** 0.5, rel=1e-12)
+    assert duration_variation(spans[-2:]) is None

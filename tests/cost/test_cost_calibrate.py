@@ -40,6 +40,21 @@ def test_calibrate_command_writes_the_cpu_device(run_cli, tmp_path, monkeypatch)
     DeviceSpec(**json.loads(other.read_text()))
 
 
+def test_duration_variation_is_measured_and_stored(tmp_path, monkeypatch) -> None:
+    from paratrain.cli.calibrate import measure_variation
+    from paratrain.errors import ConfigError
+
+    cv = measure_variation(budget_s=0.2)
+    assert 0 <= cv < 1
+    m = {"peak_fp32_flops": 1e11, "memory_bandwidth_Bps": 1e10, "kernel_overhead_s": 1e-6, "threads": 1,
+         "duration_cv": 0.12}
+    assert device_from_measurement(m).duration_cv == 0.12
+    assert DEVICE_PRESETS["cpu"].duration_cv == 0 and DEVICE_PRESETS["h100"].duration_cv == 0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="duration_cv"):
+            DeviceSpec(**{**DEVICE_PRESETS["cpu"].to_dict(), "duration_cv": bad})
+
+
 def test_measurement_stops_at_its_deadline() -> None:
     """The command's < 10 s bound comes from deadlines, not from a fixed repeat count: past the
     deadline each measurement takes one warm-up and one timed call, whatever the load."""

@@ -2,8 +2,9 @@
 
 Run by tests/runtime/test_pipeline_equivalence.py as
 ``python -m torch.distributed.run --nproc-per-node N tests/runtime/pipeline_harness.py --out DIR ...``.
-For each ``--schedules`` entry (``name``, ``name:untied`` or ``name:fp64``, the model and every
-tensor it makes in float64) it builds a fresh
+For each ``--schedules`` entry (``name``, ``name:untied``, ``name:fp64`` — the model and every
+tensor it makes in float64 — or ``name:noprefetch``, every receive posted at its own action) it
+builds a fresh
 :class:`~paratrain.runtime.train.Trainer` on the same process group, trains ``--steps`` steps and
 rank 0 saves ``DIR/<name>.pt`` = {losses, grad_norms, params}. One launch per layout keeps the
 process start-up (the slow part on a 2-core machine) out of the per-schedule cost.
@@ -53,7 +54,8 @@ def main() -> None:
         cfg = base.with_overrides(schedule=name, virtual_stages=2 if name == "interleaved" else 1)
         trace = f"{a.out}/{entry.replace(':', '-')}.trace.json" if a.trace and cfg.pp > 1 else None
         train = TrainConfig(steps=a.steps, seed=a.seed, lr=a.lr, data="stdlib", data_cap_bytes=DATA_CAP_BYTES,
-                            progress=False, timeout_s=120, trace=trace)
+                            progress=False, timeout_s=120, trace=trace,
+                            prefetch_receives=0 if variant == "noprefetch" else None)
         torch.manual_seed(a.seed)
         torch.set_default_dtype(torch.float64 if variant == "fp64" else torch.float32)
         trainer = Trainer(dataclasses.replace(ctx, config=cfg), spec, train)

@@ -64,11 +64,11 @@ def _torchrun(out: Path, nproc: int, *args: str) -> None:
 @pytest.fixture(scope="module")
 def pp4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("pp4")
-    names = SYNC + [f"{n}:untied" for n in ASYNC]
+    names = SYNC + [f"{n}:untied" for n in ASYNC] + ["interleaved:noprefetch"]
     _torchrun(out, 4, "--pp", "4", "--trace", "--schedules", ",".join(names))
     runs = {}
     for n in names:
-        runs[n.split(":")[0]] = {**torch.load(out / f"{n.replace(':', '-')}.pt"),
+        runs[n.replace(":untied", "")] = {**torch.load(out / f"{n.replace(':', '-')}.pt"),
                                  "trace": json.loads((out / f"{n.replace(':', '-')}.trace.json").read_text())}
     return runs
 
@@ -253,6 +253,14 @@ def test_synchronous_schedule_matches_gradient_accumulation(pp4: dict, sync_ref:
     _same_params(run, sync_ref)
 
 
+def test_receives_posted_at_their_actions_train_the_same(pp4: dict, sync_ref: dict) -> None:
+    """The runs above post each peer's next two receives ahead (gloo's default); with
+    ``prefetch_receives=0`` (NCCL's default) every receive is posted at its own action."""
+    run = pp4["interleaved:noprefetch"]
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(sync_ref["losses"]), rtol=RTOL, atol=0)
+    _same_params(run, sync_ref)
+
+
 @pytest.mark.parametrize("name", ASYNC)
 def test_asynchronous_schedule_matches_weight_version_reference(pp4: dict, name: str) -> None:
     ref = reference_async(name)
@@ -298,7 +306,9 @@ def test_3d_pp2_tp2_dp2_matches_single_process(pp2_tp2_dp2: dict) -> None:
 @pytest.mark.parametrize("name", SYNC + ASYNC)
 def test_measured_trace_records_every_action(pp4: dict, name: str) -> None:
     """The trace holds one span per compute action and optimizer step of the schedule, per step,
-    on the right pipeline rank, in the simulator's format."""
+    on the right pipeline rank, in the simulator's format; the optimizer step's parts before its
+    wait (``U.norm``; ``U.stash`` where a version must be copied before the step overwrites it)
+    are spans of their own."""
     from paratrain.parallel.config import ParallelConfig
     from paratrain.runtime.pipeline import schedule_for
 
@@ -313,6 +323,11 @@ def test_measured_trace_records_every_action(pp4: dict, name: str) -> None:
     repeats = 1 if sched.iterations > 1 else STEPS  # async: one action list for the whole run
     for r, row in enumerate(sched.actions):
         want = Counter(str(a) for a in row if a.is_compute or a.kind.value == "U")
-        got = Counter(e["name"] for e in spans if e["pid"] == r)
+        got = Counter(e["name"] for e in spans if e["pid"] == r and not e["name"].startswith("U."))
         assert got == Counter({k: v * repeats for k, v in want.items()}), f"rank {r}"
+        # the optimizer step's local gradient-norm pass is recorded as its own compute span
+        parts = Counter(e["name"] for e in spans if e["pid"] == r and e["name"].startswith("U."))
+        assert parts["U.norm"] == want["U"] * repeats, f"rank {r}"
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans if e["pid"] == r)
+    if name in SYNC:  # one weight version: nothing to stash
+        assert not any(e["name"] == "U.stash" for e in spans)

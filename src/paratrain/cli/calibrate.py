@@ -23,7 +23,10 @@ expected time is the number of kernels times their *mean* time, and on a machine
 other processes the mean includes the time slices they take (measured on a shared 2-core
 machine: a 512x128x512 GEMM's best call ran at 93 GFLOP/s, its median at 71, its mean at 36).
 The figures therefore describe the machine under the load it carries while calibrating.
-Takes about 12 s.
+It also measures how much one action's duration varies from call to call (the coefficient of
+variation of a small MLP's forward + backward, every process at once): the ``duration_cv`` with
+which the simulator draws action durations (:mod:`paratrain.sim.variability`).
+Takes about 14 s.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ _P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
 _ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
 _COMM_BUDGET_S = 2.5
 _SUSTAINED_BUDGET_S = 3.0  # long enough to average over the scheduler's time slices (milliseconds)
+_VARIATION_BUDGET_S = 2.5  # ~100 calls of the ~25 ms step below on a 2-core machine
+_VARIATION_SHAPE = (512, 256, 1024)  # tokens, hidden, FFN: a small transformer MLP's forward + backward
 
 
 def register(app: typer.Typer) -> None:
@@ -90,6 +95,40 @@ def _mean_time(fn: Any, *, repeats: int, deadline: float) -> float:
         t1 = time.perf_counter()
         if t1 > deadline and n >= 3:
             return (t1 - t0) / n
+
+
+def _variation(fn: Any, *, deadline: float) -> float:
+    """Coefficient of variation (standard deviation / mean) of back-to-back call times, after
+    one warm-up, until ``deadline`` (at least five calls)."""
+    fn()
+    ts: list[float] = []
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        ts.append(t1 - t0)
+        if t1 > deadline and len(ts) >= 5:
+            return statistics.pstdev(ts) / statistics.fmean(ts)
+
+
+def measure_variation(budget_s: float = _VARIATION_BUDGET_S) -> float:
+    """How much the duration of one training action varies from call to call on this machine, as
+    it is loaded now: the coefficient of variation of a transformer MLP's forward + backward
+    (``_VARIATION_SHAPE``, ~20 ms on one thread), the simulator's ``duration_cv``. Run by every
+    process at once, it includes what they do to each other (shared caches, memory bandwidth)."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, hidden, ffn = _VARIATION_SHAPE
+    x = torch.randn(tokens, hidden, requires_grad=True)
+    w1 = torch.randn(ffn, hidden, requires_grad=True)
+    w2 = torch.randn(hidden, ffn, requires_grad=True)
+
+    def step() -> None:
+        y = F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2)
+        torch.autograd.grad([y.sum()], [x, w1, w2])
+
+    return _variation(step, deadline=time.perf_counter() + budget_s)
 
 
 def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict[str, Any]:
@@ -173,6 +212,7 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
         "small_add_s": t_small,
         "small_matmul_s": t_small_mm,
         "threads": torch.get_num_threads(),
+        "duration_cv": measure_variation(),
     }
 
 
@@ -313,6 +353,7 @@ def measure_machine(procs: int, threads: int) -> tuple[dict[str, Any], dict[str,
         "kernel_overhead_s": mean(c["kernel_overhead_s"] for c in cpus),
         "small_add_s": mean(c["small_add_s"] for c in cpus),
         "small_matmul_s": mean(c["small_matmul_s"] for c in cpus),
+        "duration_cv": mean(c["duration_cv"] for c in cpus),
         "threads": threads,
     }
     cpu["peak_fp32_flops"] = max(cpu["gemm_flops_by_size"].values())
@@ -341,6 +382,7 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw)) / bw),
         kernel_overhead_s=float(m["kernel_overhead_s"]),
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
+        duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
     )
 
 
@@ -408,6 +450,8 @@ def calibrate(
     print(f"kernel overhead (per modelled kernel of tiny Linear+GeLU layers, forward and backward through "
           f"autograd): {device.kernel_overhead_s * 1e6:.1f} us; tiny add {m['small_add_s'] * 1e6:.1f} us, tiny 8x8 "
           f"matmul {m['small_matmul_s'] * 1e6:.1f} us")
+    print(f"duration variation (std / mean of a {_VARIATION_SHAPE[0]}x{_VARIATION_SHAPE[1]}x{_VARIATION_SHAPE[2]} MLP "
+          f"forward + backward, back to back): {device.duration_cv:.3f}")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")
     if cluster_doc is not None:
         sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e6:.0f} us" for k, v in cluster_doc["p2p_s_by_bytes"].items())

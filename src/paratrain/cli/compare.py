@@ -14,7 +14,9 @@ actions and optimizer steps on a rank; iteration time = first action to last fin
 (for asynchronous schedules covering ``K ≥ 3`` steps: the steady-state period between the ends of
 batch 0 and batch ``K-2`` on each rank, averaged); bubble fraction = mean over ranks of
 idle / iteration time. A measured trace holds every step (``args.step``); the last one is compared
-unless ``--step`` says otherwise (the first step includes warm-up effects).
+unless ``--step`` says otherwise (the first step includes warm-up effects). It also reports how
+much the durations of repeated actions vary in the measured run (:func:`duration_variation`), the
+input of the simulator's variable-duration mode (``paratrain simulate --duration-cv``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import typer
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
 
-__all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace"]
+__all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace", "duration_variation"]
 
 _COMPUTE = {"forward", "backward", "input", "weight", "optimizer", "filler"}
 
@@ -111,6 +113,30 @@ def timeline_stats(spans: list[Span], *, microbatches: int, iterations: int) -> 
     return TimelineStats(it, tuple(busy), bubble)
 
 
+def duration_variation(spans: list[Span]) -> float | None:
+    """How much the durations of repeated compute actions vary: the pooled coefficient of
+    variation (root of the count-weighted mean of variance / mean² over groups of the same action
+    kind on the same rank and chunk; groups of at least three). The optimizer step's parts before
+    its wait (``U.norm``, ``U.stash``) are left out, ``U`` itself is in. None if no group has three
+    spans. This is what ``paratrain simulate --duration-cv`` takes."""
+    import re
+    import statistics
+
+    groups: dict[tuple[int, str, str], list[float]] = {}
+    for s in spans:
+        if s.stream != "compute" or s.category not in _COMPUTE or s.name.startswith("U."):
+            continue
+        m = re.search(r"@c(\d+)", s.name)
+        groups.setdefault((s.rank, s.category, m.group(1) if m else ""), []).append(s.duration_s)
+    weighted, n = 0.0, 0
+    for ds in groups.values():
+        mean = statistics.fmean(ds)
+        if len(ds) >= 3 and mean > 0:
+            weighted += len(ds) * statistics.pvariance(ds) / mean**2
+            n += len(ds)
+    return (weighted / n) ** 0.5 if n else None
+
+
 def _select_step(spans: list[Span], step: int | None) -> tuple[list[Span], int | None]:
     steps = sorted({s.step for s in spans if s.step is not None})
     if not steps:
@@ -156,6 +182,9 @@ def compare(
         if v < 1:
             raise ConfigError(name, f"must be at least 1, got {v}", f"use {name} 1 or more")
     chosen = None
+    steps = {s.step for s in m_spans if s.step is not None}
+    cv = duration_variation([s for s in m_spans if s.step != min(steps)] if not is_async and len(steps) > 1
+                            else m_spans)
     if not is_async:
         m_spans, chosen = _select_step(m_spans, step)
     m_spans = _shift(m_spans)
@@ -165,7 +194,8 @@ def compare(
     err = (ss.iteration_time_s - ms.iteration_time_s) / ms.iteration_time_s
     out = {"measured": ms.to_dict(), "simulated": ss.to_dict(), "step": chosen,
            "iteration_time_rel_error": err,
-           "bubble_fraction_diff_points": 100 * (ss.bubble_fraction - ms.bubble_fraction), "plot": plot}
+           "bubble_fraction_diff_points": 100 * (ss.bubble_fraction - ms.bubble_fraction),
+           "measured_duration_cv": cv, "plot": plot}
     if plot is not None:
         _plot(m_spans, s_spans, ranks, plot, f"{meta.get('schedule', '')}".strip())
     if json_out:
@@ -182,6 +212,9 @@ def compare(
         print(f"{f'rank {r} busy (s)':<22}{mbusy:>12.4g}{sbusy:>12.4g}{rel:>+13.1f}%")
     if chosen is not None:
         print(f"(measured: step {chosen})")
+    if cv is not None:
+        print(f"measured variation of action durations (std / mean, steps after the first): {cv:.3f}; "
+              f"`paratrain simulate --duration-cv {cv:.2f}` simulates with it")
     if plot is not None:
         print(f"wrote {plot}")
 

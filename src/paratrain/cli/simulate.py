@@ -139,6 +139,11 @@ def simulate(
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome trace (Perfetto) JSON.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG timeline.")] = None,
     comm_log: Annotated[bool, typer.Option("--comm-log", help="Include every transfer/collective in --json.")] = False,
+    duration_cv: Annotated[float | None, typer.Option(
+        "--duration-cv", help="Variation of each action's duration (std / mean): report the mean over --samples "
+        "draws. Default: the device's (paratrain calibrate measures it on a CPU; GPU presets 0).")] = None,
+    samples: Annotated[int | None, typer.Option(
+        "--samples", help="Draws of the action durations when they vary (default 32).")] = None,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -187,9 +192,14 @@ def simulate(
             f"{clus.num_devices} devices of the cluster",
             "use more --nodes/--gpus or smaller sizes",
         )
+    if duration_cv is not None and not 0 <= duration_cv <= 1:
+        raise ConfigError("--duration-cv", f"must be in [0, 1], got {duration_cv}", "give e.g. 0.1, or 0 for none")
+    if samples is not None and samples < 1:
+        raise ConfigError("--samples", f"must be at least 1, got {samples}", "give e.g. 32")
     try:
         res = simulate_config(
-            spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log)
+            spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log),
+            duration_cv=duration_cv, samples=samples,
         )
     except ConfigError as e:
         flag = {
@@ -256,6 +266,12 @@ def _print(out: dict[str, Any], res: Any) -> None:
         _gib(out["peak_memory_bytes"]),
     )
     con.print(t)
+    if out["samples"]:
+        con.print(
+            f"action durations vary (std / mean {out['duration_cv']:.3f}): iteration, busy, idle and bubble are means "
+            f"over {out['samples']} draws (iteration std {out['iteration_time_std_s'] * 1e3:,.2f} ms; every action "
+            f"at its mean: {out['nominal_iteration_time_s'] * 1e3:,.2f} ms). The timeline shows mean durations."
+        )
     t = Table(title="Per pipeline rank (one tensor-parallel rank)")
     for col in (
         "rank",

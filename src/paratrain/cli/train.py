@@ -76,6 +76,9 @@ def train(
                        rich_help_panel=_P)] = None,
     bucket_mb: Annotated[float, typer.Option("--bucket-mb", help="Gradient bucket size (MiB) of paratrain's "
                          "all-reduce and of DDP.", rich_help_panel=_P)] = 25.0,
+    prefetch_receives: Annotated[int | None, typer.Option("--prefetch-receives", help="Pipeline receives posted "
+                                 "ahead of their actions, per peer (default 2 on gloo, 0 on NCCL).",
+                                 rich_help_panel=_P)] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Launch this many local worker processes "
                      "(torch elastic launcher). Omit under torchrun.", rich_help_panel=_P)] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.", rich_help_panel=_T)] = 20,
@@ -126,7 +129,7 @@ def train(
 
     tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
                        data=data, dp_impl=impl, bucket_bytes=int(bucket_mb * 2**20), metrics=metrics, trace=trace,
-                       save_final=save_final,
+                       save_final=save_final, prefetch_receives=prefetch_receives,
                        timeout_s=timeout, log_every=log_every, progress=progress)
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if nproc is not None and under_launcher:

@@ -202,7 +202,10 @@ class PipelineExecutor:
                 activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype,
                 device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
                 loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=t.autocast,
-                record=t.train.trace is not None)
+                record=t.train.trace is not None,
+                # gloo progresses each message on its own; NCCL's p2p run in order on one stream
+                prefetch_receives=(2 if ctx.backend == "gloo" else 0) if t.train.prefetch_receives is None
+                else t.train.prefetch_receives)
             self._accum = accumulation_count(self.schedule)
         return self.engine
 
@@ -287,11 +290,14 @@ class PipelineExecutor:
 
         t = self.trainer
         record = self.engine is not None and self.engine.record
+        start = time.perf_counter()
         step = min(index // self._u_per_step, t.train.steps - 1) if self.is_async else self._current_step
         lr = lr_at(step, t.train)
         for group in t.optimizer.param_groups:
             group["lr"] = lr
         sq = self._grad_norm_sq()
+        if record:  # the local pass over the gradients: optimizer work, before the wait
+            self.engine.spans.append(ActionSpan("U.norm", "optimizer", start, time.perf_counter(), None))
         start = time.perf_counter()
         if self.is_async:
             if self.stage_group is not None:

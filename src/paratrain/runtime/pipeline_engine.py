@@ -19,6 +19,13 @@ IR's execution semantics and never looks at the schedule's name.
   kept until they do, and all are waited for at the end of the list), the eager-send model the
   simulator uses by default and ``torch.distributed.pipelining`` implements. The IR's validator
   proves deadlock freedom under blocking sends, which implies it for eager ones.
+* ``prefetch_receives=k`` (gloo): each peer's next ``k`` receives are posted ahead of their
+  actions, in the list's order, so a transfer runs while this rank still computes and the
+  receive action only waits for data already on its way (gloo moves a message once the receiver
+  has posted it: a late post puts a round trip on the critical path). Matching is unchanged (FIFO
+  per peer, posted in list order) and nothing new is waited for, so a valid list stays deadlock
+  free. Off for NCCL, whose p2p operations on one communicator run in order on one stream: an
+  early receive would hold back this rank's later sends to the same peer.
 * ``R`` and ``U`` call the :class:`StepHooks` (gradient reduction launch; wait + optimizer step).
 * ``version`` (asynchronous schedules): the forward runs on a snapshot of the weights as they were
   after ``version`` optimizer steps of this rank, and the backward of that micro-batch differentiates
@@ -75,8 +82,9 @@ class StepHooks(Protocol):
     def finish_reductions(self) -> None: ...
 
     def optimizer_step(self, index: int) -> None:
-        """Apply the step; when recording, append its spans (``U`` on the compute stream, waits
-        for other ranks on the communication stream) to the engine's ``spans``."""
+        """Apply the step; when recording, append its spans to the engine's ``spans``: compute
+        work with category ``optimizer`` (the last one named ``U``, earlier parts ``U.<part>``),
+        waits for other ranks with category ``reduce``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +131,7 @@ class PipelineEngine:
                  loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  fillers: dict[str, Callable[[], None]] | None = None, record: bool = False,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, prefetch_receives: int = 0) -> None:
         self.schedule, self.rank, self.hooks = schedule, rank, hooks
         self.actions = schedule.actions[rank]
         self.chunks = {(c.chunk, c.replica): c for c in chunks}
@@ -140,6 +148,13 @@ class PipelineEngine:
                 raise ConfigError(f"schedule rank {rank} filler {a.tag!r}", "no runtime work is registered for it",
                                   f"register one of: {sorted(self.fillers) or 'none'}")
         self.record, self.group = record, group
+        if prefetch_receives < 0:
+            raise ConfigError("prefetch_receives", f"must be at least 0, got {prefetch_receives}", "use 0 (off) or 1-2")
+        self.prefetch = prefetch_receives
+        self._recv_order: dict[int, list[int]] = {}  # peer -> indices of its receive actions, in order
+        for i, a in enumerate(self.actions):
+            if a.kind is K.RECV_ACT or a.kind is K.RECV_GRAD:
+                self._recv_order.setdefault(a.peer, []).append(i)
         self.scale = 1.0 / accumulation_count(schedule)
         self.spans: list[ActionSpan] = []
         self.losses: dict[int, float] = {}  # micro-batch -> unscaled loss (last chunk only)
@@ -157,7 +172,12 @@ class PipelineEngine:
         self._to_send: dict[tuple[ActionKind, int, int, int], torch.Tensor] = {}
         self._split: dict[Key, tuple[list[dict[str, Any]], int | None]] = {}  # I done, W pending
         self._sends: list[tuple[Any, torch.Tensor]] = []  # posted sends and their tensors, until done
+        self._posted: dict[int, tuple[Any, torch.Tensor]] = {}  # receive action index -> (work, buffer)
+        self._next_recv = dict.fromkeys(self._recv_order, 0)  # peer -> position of its next unposted receive
+        self._outstanding = dict.fromkeys(self._recv_order, 0)  # peer -> posted, not yet reached
         self._microbatch = microbatch
+        for peer in self._recv_order:
+            self._post_receives(peer)
         acts, n, i = self.actions, len(self.actions), 0
         while i < n:
             a = acts[i]
@@ -166,7 +186,7 @@ class PipelineEngine:
                 while j < n and acts[j].is_p2p:
                     j += 1
                 phase(f"p2p batch {' '.join(map(str, acts[i:j]))}")
-                self._p2p(acts[i:j])
+                self._p2p(acts[i:j], i)
                 i = j
                 continue
             phase(f"action {a}")
@@ -180,7 +200,7 @@ class PipelineEngine:
         for work, _ in self._sends:
             work.wait()
         self._sends.clear()
-        leftover = [k for k in (*self._saved, *self._inputs, *self._grads, *self._split)]
+        leftover = [k for k in (*self._saved, *self._inputs, *self._grads, *self._split, *self._posted)]
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: tensors of {leftover[:4]} were never consumed")
 
@@ -195,7 +215,9 @@ class PipelineEngine:
         elif k is K.REDUCE_GRAD:
             self.hooks.reduce(self.chunks[(a.chunk, a.replica)])
         elif k is K.OPTIMIZER_STEP:
-            self._stash_before_step(index)
+            start = time.perf_counter()
+            if self._stash_before_step(index) and self.record:
+                self.spans.append(ActionSpan("U.stash", "optimizer", start, time.perf_counter(), None))
             self.hooks.optimizer_step(self.steps_done)
             self.steps_done += 1
         else:
@@ -334,11 +356,14 @@ class PipelineEngine:
             self._stash[key] = snap
         return snap
 
-    def _stash_before_step(self, index: int) -> None:
-        v = self.steps_done
+    def _stash_before_step(self, index: int) -> bool:
+        """Snapshot the current weights where a later action still needs them; True if any was."""
+        v, stashed = self.steps_done, False
         for (c, rep), ch in self.chunks.items():
             if self._last_use.get((c, rep, v), -1) > index and (c, rep, v) not in self._stash:
                 self._version(ch, v)
+                stashed = True
+        return stashed
 
     def _drop_version(self, a: Action, index: int) -> None:
         key = (a.chunk, a.replica, a.version)
@@ -346,11 +371,22 @@ class PipelineEngine:
             self._stash.pop(key, None)  # graphs still alive keep their own references
 
     # ----- point-to-point ------------------------------------------------------------------------
-    def _p2p(self, batch: tuple[Action, ...]) -> None:
+    def _post_receives(self, peer: int) -> None:
+        """Post ``peer``'s next receives (in list order) until ``prefetch`` of them are outstanding."""
+        order, k = self._recv_order[peer], self._next_recv[peer]
+        while k < len(order) and self._outstanding[peer] < self.prefetch:
+            buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            self._posted[order[k]] = (dist.irecv(buf, self.peer_rank(peer), group=self.group), buf)
+            self._outstanding[peer] += 1
+            k += 1
+        self._next_recv[peer] = k
+
+    def _p2p(self, batch: tuple[Action, ...], first: int) -> None:
         start = time.perf_counter()
         ops = []
         landed: list[tuple[dict[Key, torch.Tensor], Key, torch.Tensor]] = []
-        for a in batch:
+        waits: list[Any] = []
+        for j, a in enumerate(batch, first):
             peer = self.peer_rank(a.peer)
             if a.kind is K.SEND_ACT or a.kind is K.SEND_GRAD:
                 t = self._to_send.pop((a.kind, a.microbatch, a.chunk, a.replica), None)
@@ -358,19 +394,31 @@ class PipelineEngine:
                     raise RuntimeError(f"pipeline rank {self.rank}: {a} sends a tensor that was not computed")
                 ops.append(dist.P2POp(dist.isend, t.contiguous(), peer, self.group))
             else:
-                buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-                ops.append(dist.P2POp(dist.irecv, buf, peer, self.group))
                 store = self._inputs if a.kind is K.RECV_ACT else self._grads
+                posted = self._posted.pop(j, None)
+                if posted is None:  # not prefetched: it is the peer's next receive, posted now
+                    self._next_recv[a.peer] += 1
+                    buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                    ops.append(dist.P2POp(dist.irecv, buf, peer, self.group))
+                else:
+                    self._outstanding[a.peer] -= 1
+                    waits.append(posted[0])
+                    buf = posted[1]
                 landed.append((store, (a.microbatch, a.chunk, a.replica), buf))
-        works = dist.batch_isend_irecv(ops)
+        works = dist.batch_isend_irecv(ops) if ops else []
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
                 self._sends.append((work, op.tensor))
             else:
-                work.wait()
+                waits.append(work)
+        for work in waits:
+            work.wait()
         self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
         for store, key, buf in landed:
             store[key] = buf
+        if self.prefetch:
+            for peer in {a.peer for a in batch if a.kind is K.RECV_ACT or a.kind is K.RECV_GRAD}:
+                self._post_receives(peer)
         if self.record:
             mb = batch[0].microbatch if len(batch) == 1 else None
             self.spans.append(ActionSpan(" ".join(map(str, batch)), "p2p", start, time.perf_counter(), mb))

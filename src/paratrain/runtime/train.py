@@ -71,6 +71,8 @@ class TrainConfig:
     timeout_s: float = 300.0
     log_every: int = 1
     progress: bool = True
+    # pipeline receives posted ahead per peer (runtime.pipeline_engine); None: 2 on gloo, 0 on NCCL
+    prefetch_receives: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -81,6 +83,9 @@ class TrainConfig:
             raise ConfigError("--lr", f"must be positive, got {self.lr}", "use e.g. --lr 1e-3")
         if self.bucket_bytes < 1:
             raise ConfigError("--bucket-mb", f"must be positive, got {self.bucket_bytes / 2**20:g}", "use e.g. 25")
+        if self.prefetch_receives is not None and self.prefetch_receives < 0:
+            raise ConfigError("--prefetch-receives", f"must be at least 0, got {self.prefetch_receives}",
+                              "use 0 (post each receive at its action) or 1-2")
         if not self.timeout_s > 0:
             raise ConfigError("--timeout", f"must be positive, got {self.timeout_s}", "use e.g. --timeout 60")
 

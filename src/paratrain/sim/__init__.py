@@ -9,6 +9,7 @@ from paratrain.sim.report import (
     simulate_config,
     timing_for_config,
 )
+from paratrain.sim.variability import scaled_timing, simulate_variable
 
 __all__ = [
     "CommRecord",
@@ -19,8 +20,10 @@ __all__ = [
     "TraceEvent",
     "memory_by_rank",
     "run_schedule",
+    "scaled_timing",
     "simulate",
     "simulate_config",
+    "simulate_variable",
     "timing_for_config",
     "uniform_timing",
 ]

@@ -90,6 +90,11 @@ class SimResult:
     tflops_per_gpu: float | None = None
     mfu: float | None = None
     hfu: float | None = None
+    # variable durations (paratrain.sim.variability): the statistics above are means over samples
+    samples: int = 0
+    duration_cv: float = 0.0
+    iteration_time_std_s: float | None = None
+    nominal_iteration_time_s: float | None = None  # every action at its mean duration
 
     @property
     def peak_memory_bytes(self) -> int | None:
@@ -119,6 +124,10 @@ class SimResult:
             "idle_s_by_rank": list(self.idle_s_by_rank),
             "peak_inflight_by_rank": list(self.peak_inflight_by_rank),
             "weight_versions_by_rank": list(self.weight_versions_by_rank),
+            "duration_cv": self.duration_cv,
+            "samples": self.samples,
+            "iteration_time_std_s": self.iteration_time_std_s,
+            "nominal_iteration_time_s": self.nominal_iteration_time_s,
         }
         if comm_log:
             d["comm_log"] = [
@@ -339,12 +348,18 @@ def simulate_config(
     overlap_grad_reduce: bool = True,
     record: bool = False,
     optimizer: str = "fused",
+    duration_cv: float | None = None,
+    samples: int | None = None,
+    seed: int = 0,
 ) -> SimResult:
     """Simulate one iteration of ``config`` (what the planner calls). ``record=True`` keeps the
     trace events and the per-operation communication log; ``optimizer`` as in
-    :func:`timing_for_config`."""
+    :func:`timing_for_config`. Action durations vary with coefficient ``duration_cv`` (default:
+    the device's ``duration_cv``; 0 for the GPU presets), averaged over ``samples`` draws (default
+    :data:`paratrain.sim.variability.DEFAULT_SAMPLES` when the variation is not 0)."""
     from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
+    from paratrain.sim.variability import DEFAULT_SAMPLES, simulate_variable
 
     config.validate_for(model, even_layers=config.partition is None)
     if config.world_size > cluster.num_devices:
@@ -356,9 +371,13 @@ def simulate_config(
         )
     schedule = _generate_cached(config.schedule.value, config.pp, config.num_microbatches, config.virtual_stages)
     costs = chunk_costs(model, cluster, config)
-    res = simulate(
+    cv = cluster.device.duration_cv if duration_cv is None else duration_cv
+    res = simulate_variable(
         schedule,
         timing_for_config(schedule, costs, cluster, config, optimizer=optimizer),
+        cv,
+        samples=(DEFAULT_SAMPLES if cv > 0 else 0) if samples is None else samples,
+        seed=seed,
         overlap_grad_reduce=overlap_grad_reduce,
         record=record,
     )

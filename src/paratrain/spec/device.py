@@ -61,6 +61,9 @@ class DeviceSpec:
     memory_efficiency: float = 0.85
     kernel_overhead_s: float = 4e-6  # device-side start-up + tail of one kernel
     host_issue_s: float = 0.0  # host time to issue one kernel (eager framework + CUDA launch)
+    # Run-to-run variability of one compute action's duration (standard deviation / mean). 0: every
+    # action takes its modelled time; > 0: the simulator draws durations around it (sim.variability).
+    duration_cv: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive("peak_fp32_flops", self.peak_fp32_flops)
@@ -78,6 +81,10 @@ class DeviceSpec:
                 raise ConfigError(f, f"must be at most 1, got {v}", "give a fraction of peak in (0, 1]")
         require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
         require_positive("host_issue_s", self.host_issue_s, allow_zero=True)
+        require_positive("duration_cv", self.duration_cv, allow_zero=True)
+        if self.duration_cv > 1:
+            raise ConfigError("duration_cv", f"must be at most 1, got {self.duration_cv}",
+                              "give the standard deviation of an action's duration over its mean, e.g. 0.1")
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; a dtype the device lacks falls back to the next wider one
