@@ -1,28 +1,31 @@
 """Pipeline engine benchmark: paratrain's engine against torch.distributed.pipelining, and measured
 timelines against the calibrated simulator.
 
-    .venv/bin/python bench/bench_pipeline.py                # ~3 minutes on a 2-core machine
-    .venv/bin/python bench/bench_pipeline.py --steps 8 --layers 8 --hidden 128 --seq 128
+    .venv/bin/python bench/bench_pipeline.py                # ~4 minutes on a 2-core machine
+    .venv/bin/python bench/bench_pipeline.py --steps 8 --schedules gpipe,1f1b
 
 Two processes (pp=2), one thread each (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``): on a
 2-core machine more processes share cores and distort every timing. One torchrun launch runs, for
 each schedule, paratrain's engine and (GPipe, 1F1B, interleaved 1F1B) torch's own
 ``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` on the same model (an untied
 GPT: torch's stages cannot share the embedding with the head), the same micro-batches and the same
-processes, each step followed by the same global-norm clipping and AdamW step; the two
-alternate step by step so that both see the same background load. Iteration time = median step
-time after the first step, and the minimum (least disturbed by other processes on a shared machine).
+processes, each step followed by the same global-norm clipping and AdamW step, plus paratrain's
+engine with every receive posted at its own action (``prefetch_receives=0``); they alternate step
+by step so that all see the same background load. Reported: median step time after the first
+step, the minimum, and the median of the per-step paired ratios with a 95 % bootstrap interval.
 
-Right before and right after that launch it calibrates the ``cpu`` device and links as the run
-uses them (``paratrain calibrate --threads 1 --procs 2`` into a temporary cache: two gloo processes
-of one thread measuring at once, sustained rates) and simulates every schedule with each
-calibration (``paratrain.sim.simulate_config``, cluster ``cpu``, PyTorch's AdamW as the optimizer
-step, action durations drawn around the cost model's with the calibrated variation, mean of 32
-draws), comparing bubble fraction and iteration time with the engine's measured trace (both
-computed as in ``paratrain compare``; measured: mean bubble and median iteration over the steps
-after the first). For reference it also simulates with the earlier calibration (one process, best
-of repeats, ``--procs 1``). Targets (issue 6): ratio ours/torch ≤ 1.0; bubble within 5 points;
-simulated iteration time within 15 %.
+Right before the launch it runs ``paratrain calibrate --threads 1 --procs 2`` into a temporary
+cache (two gloo processes of one thread measuring at once, sustained rates, the link) and
+simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``, PyTorch's
+AdamW as the optimizer step, durations drawn with a variation, mean of 32 draws), the variation
+set as ``paratrain calibrate --from-trace`` sets it from the traces of the *other six* schedules'
+runs (held out: a schedule's own trace never feeds its prediction). Compared with the engine's
+measured trace (both as ``paratrain compare`` computes them; measured: mean bubble and median
+iteration over the steps after the first). For reference: the same with the variation
+``paratrain calibrate`` measures on a loop of identical kernels, with variation 0, and an exact
+replay (every action its measured duration, communication as calibrated), which isolates the
+schedule and communication model. Targets (issue 6): ratio
+ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time within 15 %.
 """
 
 from __future__ import annotations
@@ -118,105 +121,9 @@ def _ours(a: argparse.Namespace, ctx, name: str, out: Path, prefetch: int | None
     return trainer, lambda k: trainer.train_step(k)["step_time_s"]
 
 
-def _profile(a: argparse.Namespace, ctx) -> dict[str, object]:
-    """Per-chunk durations measured in isolation on this machine (both ranks measure at once, one
-    thread each, as during the pipeline runs): forward, backward, its input and weight halves and
-    the optimizer step of every chunk of the 2- and 4-chunk partitions; one p2p transfer; one
-    gradient all-reduce per chunk between the two ranks (Chimera's replica reduction)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
-    from paratrain.runtime.data import DataSource, load_corpus
-    from paratrain.runtime.models import TransformerLM, build_model
-
-    spec = _spec(a)
-    model = build_model(spec, a.seed)
-    data = DataSource(load_corpus("synthetic"), spec, seed=a.seed, global_batch=a.microbatch, microbatch=a.microbatch)
-    x_tok, y = data.local_batch(0, 0, 1).microbatch(0)
-    shape = (a.microbatch, spec.seq, spec.hidden)
-    reps = 5
-
-    def median_time(fn) -> float:
-        fn()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
-    out: dict[str, object] = {}
-    for n_chunks in (2, 4):
-        per = spec.layers // n_chunks
-        rows = []
-        for c in range(n_chunks):
-            ch = model.chunk(c * per, (c + 1) * per)
-            weights = [p for p in ch.parameters()]
-            first, last = c == 0, c == n_chunks - 1
-
-            def fwd(ch=ch, first=first, last=last):
-                x = x_tok if first else torch.randn(shape, requires_grad=True)
-                o = ch(x)
-                if last:
-                    o = TransformerLM.loss(o, y)
-                return x, o
-
-            def grad_of(o, last=last):
-                return None if last else [torch.randn_like(o)]
-
-            t_f = median_time(lambda fwd=fwd: fwd())
-
-            def full(fwd=fwd, weights=weights, first=first, grad_of=grad_of):
-                x, o = fwd()
-                g = grad_of(o)
-                torch.autograd.grad([o], ([] if first else [x]) + weights, grad_outputs=g)
-
-            t_fb = median_time(full)
-
-            def split(fwd=fwd, weights=weights, first=first, grad_of=grad_of):
-                x, o = fwd()
-                g = grad_of(o)
-                if first:
-                    return 0.0, 0.0
-                t0 = time.perf_counter()
-                _, groups = stage_backward_input([o], g, [x], iter(weights))
-                t1 = time.perf_counter()
-                stage_backward_weight(iter(weights), groups)
-                t2 = time.perf_counter()
-                for w in weights:
-                    w.grad = None
-                return t1 - t0, t2 - t1
-
-            halves = [split() for _ in range(reps)]
-            t_b = t_fb - t_f
-            t_i = statistics.median(h[0] for h in halves) if not first else 0.0
-            t_w = statistics.median(h[1] for h in halves) if not first else t_b
-            opt = torch.optim.AdamW(weights, lr=1e-4, foreach=False)
-            for w in weights:
-                w.grad = torch.zeros_like(w)
-            t_opt = median_time(opt.step)
-            flat = torch.zeros(sum(w.numel() for w in weights))
-            t_red = median_time(lambda flat=flat: dist.all_reduce(flat))
-            rows.append({"forward_s": t_f, "backward_s": t_b, "input_s": t_i, "weight_s": t_w, "optimizer_s": t_opt,
-                         "reduce_s": t_red})
-        out[str(n_chunks)] = rows
-    buf = torch.randn(shape)
-
-    def ping_pong() -> None:
-        if ctx.rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        else:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-
-    out["p2p_s"] = median_time(ping_pong) / 2
-    return out
-
-
 def worker(a: argparse.Namespace) -> None:
     import torch
+    import torch.distributed as dist
 
     from paratrain.runtime.mesh import init_runtime
 
@@ -229,18 +136,18 @@ def worker(a: argparse.Namespace) -> None:
         theirs = _torch_pipelining(a, ctx, name) if name in SYNC_PEERS else None
         plain = _ours(a, ctx, name, out, prefetch=0) if name in SYNC_PEERS else None
         results[name] = {"ours": [], "torch": [], "ours_at_action": []}
-        for k in range(a.steps):  # alternate, so all see the same background load
-            results[name]["ours"].append(ours(k))
-            if theirs is not None:
-                results[name]["torch"].append(theirs(k))
-            if plain is not None:
-                results[name]["ours_at_action"].append(plain[1](k))
+        runners = [("ours", ours)] + ([("torch", theirs)] if theirs is not None else []) \
+            + ([("ours_at_action", plain[1])] if plain is not None else [])
+        for k in range(a.steps):
+            # alternate, so that all see the same background load, and rotate the order, so that
+            # none holds one position (e.g. right after the other engine) throughout
+            for key, run in runners[k % len(runners):] + runners[:k % len(runners)]:
+                results[name][key].append(run(k))
         trainer.executor.finish()
-    profile = _profile(a, ctx)
     if ctx.rank == 0:
         (out / "times.json").write_text(json.dumps(results))
-        (out / "profile.json").write_text(json.dumps(profile))
-    torch.distributed.destroy_process_group()
+    dist.barrier()  # no rank tears its sockets down while a peer still talks to it
+    dist.destroy_process_group()
 
 
 # ----- driver ----------------------------------------------------------------------------------------
@@ -251,10 +158,10 @@ def _median_after_first(xs: list[float]) -> float:
 
 def _paired(ours: list[float], theirs: list[float]) -> tuple[float, float, float, int]:
     """(median ratio, 95 % bootstrap interval of the median, steps where ours was faster) of the
-    per-step ratios after the first step."""
+    per-step ratios of the steps given (callers leave out each run's first step)."""
     import numpy as np
 
-    r = np.array(ours[1:]) / np.array(theirs[1:])
+    r = np.array(ours) / np.array(theirs)
     rng = np.random.default_rng(0)
     boots = np.median(rng.choice(r, size=(4000, len(r)), replace=True), axis=1)
     return float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)), int((r < 1).sum())
@@ -290,63 +197,6 @@ def _fold_u_parts(spans: list) -> list:
             sp = dataclasses.replace(sp, duration_s=sp.duration_s + carry.pop(sp.rank))
         out.append(sp)
     return out
-
-
-def _simulate_profiled(a: argparse.Namespace, name: str, profile: dict):
-    """The schedule simulated with the profiled durations (the optimizer step of a rank is the sum
-    over its chunks; p2p one measured transfer; reductions only where a chunk has two copies)."""
-    from paratrain.runtime.pipeline import schedule_for
-    from paratrain.sim import Timing, simulate
-
-    cfg = _config(a, name)
-    sched = schedule_for(cfg, a.steps)
-    rows = profile[str(sched.num_chunks)]
-    hosts = [len({row[c] for row in sched.placement}) for c in range(sched.num_chunks)]
-    p2p = float(profile["p2p_s"])
-    timing = Timing(
-        forward_s=tuple(r["forward_s"] for r in rows), backward_s=tuple(r["backward_s"] for r in rows),
-        input_s=tuple(r["input_s"] for r in rows), weight_s=tuple(r["weight_s"] for r in rows),
-        p2p_s=lambda src, dst, c: p2p,
-        reduce_s=tuple(r["reduce_s"] if hosts[c] > 1 else 0.0 for c, r in enumerate(rows)),
-        optimizer_s=tuple(sum(rows[c]["optimizer_s"] for c, _ in sched.chunks_of(r)) for r in range(sched.stages)),
-    )
-    return simulate(sched, timing)
-
-
-def _simulate_replay(a: argparse.Namespace, name: str, trace: Path):
-    """The schedule simulated with the run's own mean compute durations (per chunk and kind, from
-    the measured trace, step 0 left out) and free communication: what is left of the difference
-    is the schedule and communication model, not the per-operator cost model."""
-    import re
-
-    from paratrain.cli.compare import load_trace
-    from paratrain.runtime.pipeline import schedule_for
-    from paratrain.sim import Timing, simulate
-
-    cfg = _config(a, name)
-    sched = schedule_for(cfg, a.steps)
-    spans, _ = load_trace(str(trace), "trace")
-    spans = _fold_u_parts(spans)
-    sums: dict[tuple[str, int], list[float]] = {}
-    for sp in spans:
-        if sp.stream != "compute" or (sp.step == 0 and sched.iterations == 1):
-            continue
-        m = re.search(r"@c(\d+)", sp.name)
-        key = (sp.category, int(m.group(1)) if m else sp.rank)
-        sums.setdefault(key, []).append(sp.duration_s)
-
-    def mean(cat: str, i: int) -> float:
-        xs = sums.get((cat, i), [])
-        return sum(xs) / len(xs) if xs else 0.0
-
-    n = sched.num_chunks
-    timing = Timing(
-        forward_s=tuple(mean("forward", c) for c in range(n)), backward_s=tuple(mean("backward", c) for c in range(n)),
-        input_s=tuple(mean("input", c) for c in range(n)), weight_s=tuple(mean("weight", c) for c in range(n)),
-        p2p_s=lambda src, dst, c: 0.0, reduce_s=(0.0,) * n,
-        optimizer_s=tuple(mean("optimizer", r) for r in range(sched.stages)),
-    )
-    return simulate(sched, timing)
 
 
 def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
@@ -427,21 +277,16 @@ def main() -> None:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("worker", "out")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "127.0.0.1:0", __file__, "--worker", f"--out={tmp}", *args]
-    cal = {"before": str(tmp / "cal-before"), "after": str(tmp / "cal-after"), "1proc": str(tmp / "cal-1proc")}
-
-    def calibrate(which: str, *flags: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "paratrain", "calibrate", *flags], check=True,
-                           env={**env, "PARATRAIN_CACHE": cal[which]}, capture_output=True, text=True)
-        return f"load {os.getloadavg()[0]:.1f}\n" + r.stdout
-
-    cal_log = {"before": calibrate("before", "--threads", "1", "--procs", "2")}
+    before = tmp / "cal-before"
+    subprocess.run([sys.executable, "-m", "paratrain", "calibrate", "--threads", "1", "--procs", "2"], check=True,
+                       env={**env, "PARATRAIN_CACHE": str(before)}, capture_output=True, text=True)
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, env=env)
     load_run = os.getloadavg()[0]
-    cal_log["after"] = calibrate("after", "--threads", "1", "--procs", "2")
-    cal_log["1proc"] = calibrate("1proc", "--threads", "1", "--procs", "1")
     print(f"launch: {time.perf_counter() - t0:.0f} s wall; model {a.layers} layers, hidden {a.hidden}, seq {a.seq}, "
-          f"vocab {a.vocab}; {a.microbatches} micro-batches of {a.microbatch}; pp=2, 1 thread per process")
+          f"vocab {a.vocab}; {a.microbatches} micro-batches of {a.microbatch}; pp=2, 1 thread per process; load "
+          f"average {load_before:.1f} before, {load_run:.1f} after")
     times = json.loads((tmp / "times.json").read_text())
     print("\niteration time of steps 2..N, paratrain engine vs torch.distributed.pipelining (s; ratio = ours/torch)")
     print(f"{'schedule':<13}{'ours median':>12}{'torch median':>13}{'ratio':>7}{'ours min':>10}{'torch min':>10}"
@@ -460,82 +305,62 @@ def main() -> None:
           f"{'95% interval':>16}")
     for name, t in times.items():
         if t["torch"]:
-            r, lo, hi, wins = _paired(t["ours"], t["torch"])
-            r0, lo0, hi0, _ = _paired(t["ours_at_action"], t["torch"])
+            r, lo, hi, wins = _paired(t["ours"][1:], t["torch"][1:])
+            r0, lo0, hi0, _ = _paired(t["ours_at_action"][1:], t["torch"][1:])
             interval, interval0, faster = f"{lo:.3f}-{hi:.3f}", f"{lo0:.3f}-{hi0:.3f}", f"{wins}/{len(t['ours']) - 1}"
             print(f"{name:<13}{r:>11.3f}{interval:>16}{faster:>8}{r0:>19.3f}{interval0:>16}")
-    profile = json.loads((tmp / "profile.json").read_text())
+    peers = [t for t in times.values() if t["torch"]]
+    if len(peers) > 1:  # every schedule's steps together
+        ours_, torch_, plain_ = ([x for t in peers for x in t[k][1:]] for k in ("ours", "torch", "ours_at_action"))
+        r, lo, hi, wins = _paired(ours_, torch_)
+        r0, lo0, hi0, _ = _paired(plain_, torch_)
+        interval, interval0, faster = f"{lo:.3f}-{hi:.3f}", f"{lo0:.3f}-{hi0:.3f}", f"{wins}/{len(ours_)}"
+        print(f"{'all':<13}{r:>11.3f}{interval:>16}{faster:>8}{r0:>19.3f}{interval0:>16}")
     measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
-    rows = []
-    for name, (b_meas, it_meas) in measured.items():
-        sim = _simulate_profiled(a, name, profile)
-        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-    _table("measured vs simulated, per-chunk durations profiled in isolation (paratrain.sim.simulate)", rows)
-    rows = []
-    for name, (b_meas, it_meas) in measured.items():
-        sim = _simulate_replay(a, name, tmp / f"{name}.trace.json")
-        rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-    _table("measured vs simulated, the run's own mean compute durations, free communication (replay)", rows)
-    rows = []
-    for name, (b_meas, it_meas) in measured.items():
-        exact = _simulate_exact(a, name, tmp / f"{name}.trace.json", a.steps)
-        if exact is not None:
-            rows.append((name, b_meas, exact[0], it_meas, exact[1]))
-    _table("measured vs simulated, every action its own measured duration, free communication (exact replay)", rows)
-    os.environ["PARATRAIN_CACHE"] = cal["after"]
+    from paratrain.cli.compare import load_trace, run_variation
+
+    def _spans_async(path: Path):
+        spans, meta = load_trace(str(path), "trace")
+        return spans, int(meta["iterations"]) > 1
+    from paratrain.sim import simulate_config
     from paratrain.spec.cluster import resolve_cluster
 
-    cluster = resolve_cluster("cpu", "--cluster", gpus=2)
+    def cluster_of(cache: Path):
+        os.environ["PARATRAIN_CACHE"] = str(cache)
+        return resolve_cluster("cpu", "--cluster", gpus=2)
+
+    def describe(cluster) -> str:
+        dev, link = cluster.device, cluster.intra_link
+        return (f"GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s, copy {dev.memory_bandwidth_Bps / 1e9:.2f} GB/s, "
+                f"kernel {dev.kernel_overhead_s * 1e6:.1f} us, link {link.latency_s * 1e6:.0f} us + n / "
+                f"{link.bandwidth_Bps / 1e9:.2f} GB/s, duration variation {dev.duration_cv:.3f}")
+
+    def cost_model_rows(cluster_for, cv_for=lambda name: None):
+        rows = []
+        for name, (b_meas, it_meas) in measured.items():
+            sim = simulate_config(_spec(a), cluster_for(name), _config(a, name), optimizer="torch",
+                                  duration_cv=cv_for(name))
+            rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
+        return rows
+
+    whole = cluster_of(before)
+    print(f"\ncalibrated before the launch (paratrain calibrate --threads 1 --procs 2): {describe(whole)}")
+    cvs = {name: run_variation(*_spans_async(tmp / f"{name}.trace.json")) for name in measured}
+    print("measured variation of action durations (paratrain compare / calibrate --from-trace): "
+          + ", ".join(f"{n} {v:.3f}" for n, v in cvs.items()))
+    _table("measured vs simulated from the cost model: that calibration, its variation set from the other six "
+           "schedules' traces (paratrain calibrate --from-trace OTHERS; the prediction)",
+           cost_model_rows(lambda name: whole, lambda name: statistics.fmean(v for n, v in cvs.items() if n != name)))
+    _table(f"the same with the variation paratrain calibrate measured on a loop of identical kernels "
+           f"({whole.device.duration_cv:.3f})", cost_model_rows(lambda name: whole))
+    _table("the same with every action at its mean duration (variation 0)",
+           cost_model_rows(lambda name: whole, lambda name: 0.0))
     rows = []
     for name, (b_meas, it_meas) in measured.items():
-        exact = _simulate_exact(a, name, tmp / f"{name}.trace.json", a.steps, cluster)
+        exact = _simulate_exact(a, name, tmp / f"{name}.trace.json", a.steps, whole)
         if exact is not None:
             rows.append((name, b_meas, exact[0], it_meas, exact[1]))
-    _table("measured vs simulated, every action its own measured duration, communication calibrated just after "
-           "the run (exact replay)", rows)
-    from paratrain.sim import simulate_config
-
-    titles = {
-        "1proc": "calibrated the earlier way: 1 process, best of repeats (paratrain calibrate --threads 1 --procs 1)",
-        "before": "calibrated just before the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
-        "after": "calibrated just after the run: 2 processes at once, sustained rates (--threads 1 --procs 2)",
-    }
-    from paratrain.cli.compare import duration_variation, load_trace
-
-    def run_cv(name: str) -> float:
-        spans, meta = load_trace(str(tmp / f"{name}.trace.json"), "trace")
-        return duration_variation([sp for sp in spans if sp.step != 0] if int(meta["iterations"]) == 1 else spans)
-
-    cvs = {name: run_cv(name) for name in measured}
-    print("\nmeasured variation of action durations (pooled std / mean, paratrain compare): "
-          + ", ".join(f"{n} {v:.3f}" for n, v in cvs.items()))
-    for which in ("1proc", "before", "after"):
-        os.environ["PARATRAIN_CACHE"] = cal[which]
-        cluster = resolve_cluster("cpu", "--cluster", gpus=2)
-        dev = cluster.device
-        link = cluster.intra_link
-        print(f"\ncalibration {which} ({cal_log[which].splitlines()[0]}): GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s,"
-              f" copy {dev.memory_bandwidth_Bps / 1e9:.2f} GB/s, kernel {dev.kernel_overhead_s * 1e6:.1f} us, "
-              f"link {link.latency_s * 1e6:.0f} us + n / {link.bandwidth_Bps / 1e9:.2f} GB/s, "
-              f"duration variation {dev.duration_cv:.3f}")
-        variants = [(None, "")] if which != "before" else [(0.0, ", every action at its mean duration (variation "
-                                                            "0)"), (None, "")]
-        for cv, note in variants:
-            rows = []
-            for name, (b_meas, it_meas) in measured.items():
-                sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch",
-                                      duration_cv=cv)
-                rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-            _table(f"measured vs simulated from the cost model, {titles[which]}{note}", rows)
-        if which == "before":
-            rows = []
-            for name, (b_meas, it_meas) in measured.items():
-                held_out = statistics.fmean(v for n, v in cvs.items() if n != name)
-                sim = simulate_config(_spec(a), cluster, _config(a, name), record=True, optimizer="torch",
-                                      duration_cv=held_out)
-                rows.append((name, b_meas, sim.bubble_fraction, it_meas, sim.iteration_time_s))
-            _table(f"measured vs simulated from the cost model, {titles[which]}, variation measured in the "
-                   "other six runs (mean of their pooled values)", rows)
+    _table("diagnostic: every action its own measured duration, communication as calibrated (exact replay)", rows)
     print(f"\ntraces: {tmp}/<schedule>.trace.json (paratrain compare MEASURED SIMULATED)")
 
 

@@ -55,6 +55,41 @@ def test_duration_variation_is_measured_and_stored(tmp_path, monkeypatch) -> Non
             DeviceSpec(**{**DEVICE_PRESETS["cpu"].to_dict(), "duration_cv": bad})
 
 
+def _trace(path, durations_by_step: dict[int, list[float]]) -> None:
+    events = []
+    for step, ds in durations_by_step.items():
+        for i, d in enumerate(ds):
+            events.append({"ph": "X", "pid": 0, "tid": 0, "name": f"F{i}@c0", "cat": "forward", "ts": 0.0,
+                           "dur": d * 1e6, "args": {"step": step, "microbatch": i}})
+    path.write_text(json.dumps({"traceEvents": events, "metadata": {"iterations": 1, "microbatches": len(ds)}}))
+
+
+def test_from_trace_sets_the_variation_of_the_stored_calibration(run_cli, tmp_path, monkeypatch) -> None:
+    """Step 0 (warm-up) is left out: forwards of 1, 2, 3 s give sqrt(variance / mean²) = sqrt(1/6);
+    a second trace with 2, 2, 2 gives 0, and two traces give their mean."""
+    from tests.conftest import assert_one_line_error
+
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    _trace(one, {0: [9.0, 0.1, 5.0], 1: [1.0, 2.0, 3.0]})
+    _trace(two, {0: [1.0, 1.0, 1.0], 1: [2.0, 2.0, 2.0]})
+    code, _, err = run_cli("calibrate", "--from-trace", str(one))
+    assert_one_line_error(code, err, "--from-trace", "paratrain calibrate")
+    m = {"peak_fp32_flops": 1e11, "memory_bandwidth_Bps": 1e10, "kernel_overhead_s": 1e-6, "threads": 1,
+         "duration_cv": 0.05}
+    cpu_calibration_path().write_text(json.dumps(device_from_measurement(m).to_dict()))
+    code, out, err = run_cli("calibrate", "--from-trace", str(one), "--json")
+    assert code == 0, err
+    assert json.loads(out)["previous_duration_cv"] == 0.05
+    assert resolve_device("cpu").duration_cv == pytest.approx((1 / 6) ** 0.5, rel=1e-9)
+    assert resolve_device("cpu").peak_fp32_flops == 1e11  # the rest of the calibration is kept
+    code, out, err = run_cli("calibrate", "--from-trace", str(one), "--from-trace", str(two))
+    assert code == 0, err
+    assert resolve_device("cpu").duration_cv == pytest.approx((1 / 6) ** 0.5 / 2, rel=1e-9)
+    code, _, err = run_cli("calibrate", "--from-trace", str(tmp_path / "missing.json"))
+    assert_one_line_error(code, err, "--from-trace", "does not exist")
+
+
 def test_measurement_stops_at_its_deadline() -> None:
     """The command's < 10 s bound comes from deadlines, not from a fixed repeat count: past the
     deadline each measurement takes one warm-up and one timed call, whatever the load."""

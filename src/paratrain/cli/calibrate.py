@@ -48,7 +48,8 @@ from paratrain.spec.cluster_presets import cpu_cluster_calibration_path
 from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 from paratrain.spec.device_presets import DEVICE_PRESETS
 
-__all__ = ["register", "calibrate", "measure_cpu", "measure_comm", "fit_alpha_beta"]
+__all__ = ["register", "calibrate", "measure_cpu", "measure_comm", "fit_alpha_beta",
+           "combine_cpu", "links_document", "device_from_measurement"]
 
 _GEMM_SIZES = (256, 512, 1024)
 _COPY_BYTES = 128 * 2**20  # past the last-level cache of common CPUs
@@ -131,7 +132,8 @@ def measure_variation(budget_s: float = _VARIATION_BUDGET_S) -> float:
     return _variation(step, deadline=time.perf_counter() + budget_s)
 
 
-def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict[str, Any]:
+def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False,
+                variation_budget_s: float = _VARIATION_BUDGET_S) -> dict[str, Any]:
     """Measured figures of this machine: GEMM FLOP/s per size, copy bandwidth, element-wise rate,
     per-kernel overhead of a training step.
 
@@ -212,7 +214,7 @@ def measure_cpu(budget_s: float = _BUDGET_S, *, sustained: bool = False) -> dict
         "small_add_s": t_small,
         "small_matmul_s": t_small_mm,
         "threads": torch.get_num_threads(),
-        "duration_cv": measure_variation(),
+        "duration_cv": measure_variation(variation_budget_s),
     }
 
 
@@ -343,7 +345,11 @@ def measure_machine(procs: int, threads: int) -> tuple[dict[str, Any], dict[str,
                 p.join(timeout=10)
                 if p.is_alive():
                     p.terminate()
-    cpus = [results[r][0] for r in range(procs)]
+    return combine_cpu([results[r][0] for r in range(procs)], threads), results[0][1]
+
+
+def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
+    """The compute figures of processes that measured at the same time: their means."""
     sizes = cpus[0]["gemm_flops_by_size"]
     mean = statistics.fmean
     cpu = {
@@ -357,7 +363,19 @@ def measure_machine(procs: int, threads: int) -> tuple[dict[str, Any], dict[str,
         "threads": threads,
     }
     cpu["peak_fp32_flops"] = max(cpu["gemm_flops_by_size"].values())
-    return cpu, results[0][1]
+    return cpu
+
+
+def links_document(comm: dict[str, Any], procs: int, threads: int) -> dict[str, Any]:
+    """What ``cpu-cluster.json`` holds: the fitted link and the raw timings."""
+    return {
+        "p2p_latency_s": comm["p2p_latency_s"],
+        "p2p_bandwidth_Bps": comm["p2p_bandwidth_Bps"],
+        "p2p_s_by_bytes": {str(k): v for k, v in comm["p2p_s_by_bytes"].items()},
+        "allreduce_s_by_bytes": {str(k): v for k, v in comm["allreduce_s_by_bytes"].items()},
+        "procs": procs,
+        "threads": threads,
+    }
 
 
 def _memory_bytes() -> int:
@@ -386,6 +404,46 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     )
 
 
+def _variation_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
+    """``--from-trace``: a pipeline run's variation of action durations comes from the run's
+    dynamics as much as from the machine (an action is slower while the other stage computes than
+    while it waits), which a loop of identical kernels does not show: measured here 0.10–0.21 in
+    pipeline runs against 0.03–0.10 from the loop. So a measured run can supply it."""
+    from paratrain.cli.compare import load_trace, run_variation
+
+    if not target.is_file():
+        raise ConfigError("--from-trace", f"there is no calibration at {str(target)!r} to update",
+                          "run `paratrain calibrate` first (with the same --out, if any)")
+    try:
+        doc = json.loads(target.read_text())
+        DeviceSpec(**doc)
+    except (ValueError, TypeError, ConfigError) as e:
+        raise ConfigError("--from-trace", f"the calibration at {str(target)!r} cannot be read ({e})",
+                          "run `paratrain calibrate` again to rewrite it") from None
+    per_trace = {}
+    for path in traces:
+        spans, meta = load_trace(str(path), "--from-trace")
+        cv = run_variation(spans, int(meta.get("iterations", 1)) > 1)
+        if cv is None:
+            raise ConfigError("--from-trace", f"{path} has no action repeated three times on a rank",
+                              "give the trace of a run with several micro-batches or steps")
+        per_trace[str(path)] = cv
+    before = float(doc.get("duration_cv", 0.0))
+    doc["duration_cv"] = min(1.0, statistics.fmean(per_trace.values()))
+    DeviceSpec(**doc)  # still valid
+    try:
+        target.write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError("--out", f"cannot write {str(target)!r}: {e.strerror or e}", "give a writable path") from None
+    if json_out:
+        print_json({"path": str(target), "duration_cv": doc["duration_cv"], "previous_duration_cv": before,
+                    "by_trace": per_trace})
+        return
+    for path, cv in per_trace.items():
+        print(f"{path}: variation of action durations {cv:.3f}")
+    print(f"duration_cv {before:.3f} -> {doc['duration_cv']:.3f} (mean over {len(per_trace)} trace(s)); wrote {target}")
+
+
 def calibrate(
     out: Annotated[Path | None, typer.Option("--out", help="Write the device JSON here instead.")] = None,
     threads: Annotated[int | None, typer.Option(
@@ -393,9 +451,15 @@ def calibrate(
     procs: Annotated[int, typer.Option(
         "--procs", help="Processes measuring at once, joined by gloo over loopback (1: the device alone, "
         "no link figures).")] = 2,
+    from_trace: Annotated[list[Path] | None, typer.Option(
+        "--from-trace", help="Measured traces (paratrain train --trace): set the stored calibration's duration "
+        "variation to theirs instead of measuring anything. Repeatable.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     target = out if out is not None else cpu_calibration_path()
+    if from_trace:
+        _variation_from_traces(target, from_trace, json_out)
+        return
     links = target.parent / cpu_cluster_calibration_path().name
     if threads is not None and threads < 1:
         raise ConfigError("--threads", f"must be at least 1, got {threads}", "use e.g. --threads 1")
@@ -412,16 +476,7 @@ def calibrate(
     t0 = time.perf_counter()
     m, comm = measure_machine(procs, threads)
     device = device_from_measurement(m)
-    cluster_doc = None
-    if comm is not None:
-        cluster_doc = {
-            "p2p_latency_s": comm["p2p_latency_s"],
-            "p2p_bandwidth_Bps": comm["p2p_bandwidth_Bps"],
-            "p2p_s_by_bytes": {str(k): v for k, v in comm["p2p_s_by_bytes"].items()},
-            "allreduce_s_by_bytes": {str(k): v for k, v in comm["allreduce_s_by_bytes"].items()},
-            "procs": procs,
-            "threads": threads,
-        }
+    cluster_doc = links_document(comm, procs, threads) if comm is not None else None
     try:
         target.write_text(json.dumps(device.to_dict(), indent=2) + "\n")
         if cluster_doc is not None:

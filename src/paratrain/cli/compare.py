@@ -31,7 +31,8 @@ import typer
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
 
-__all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace", "duration_variation"]
+__all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace", "duration_variation",
+           "run_variation"]
 
 _COMPUTE = {"forward", "backward", "input", "weight", "optimizer", "filler"}
 
@@ -137,6 +138,15 @@ def duration_variation(spans: list[Span]) -> float | None:
     return (weighted / n) ** 0.5 if n else None
 
 
+def run_variation(spans: list[Span], is_async: bool) -> float | None:
+    """:func:`duration_variation` of a measured run: every step but the first (warm-up) of a
+    synchronous schedule; the whole list of an asynchronous one (it never restarts)."""
+    steps = {s.step for s in spans if s.step is not None}
+    if not is_async and len(steps) > 1:
+        spans = [s for s in spans if s.step != min(steps)]
+    return duration_variation(spans)
+
+
 def _select_step(spans: list[Span], step: int | None) -> tuple[list[Span], int | None]:
     steps = sorted({s.step for s in spans if s.step is not None})
     if not steps:
@@ -182,9 +192,7 @@ def compare(
         if v < 1:
             raise ConfigError(name, f"must be at least 1, got {v}", f"use {name} 1 or more")
     chosen = None
-    steps = {s.step for s in m_spans if s.step is not None}
-    cv = duration_variation([s for s in m_spans if s.step != min(steps)] if not is_async and len(steps) > 1
-                            else m_spans)
+    cv = run_variation(m_spans, is_async)
     if not is_async:
         m_spans, chosen = _select_step(m_spans, step)
     m_spans = _shift(m_spans)

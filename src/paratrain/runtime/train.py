@@ -397,6 +397,9 @@ def worker_main(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> 
             trainer.finish()
         finally:
             writer.close()
+        phase.name = "shutdown"
+        if ctx.world_size > 1:
+            dist.barrier()  # no rank tears its sockets down while a peer still talks to it
         dist.destroy_process_group()
         return rows
     raise AssertionError("unreachable: guard exits on failure")
