@@ -17,15 +17,16 @@ step, the minimum, and the median of the per-step paired ratios with a 95 % boot
 Right before the launch it runs ``paratrain calibrate --threads 1 --procs 2`` into a temporary
 cache (two gloo processes of one thread measuring at once, sustained rates, the link) and
 simulates every schedule with it (``paratrain.sim.simulate_config``, cluster ``cpu``, PyTorch's
-AdamW as the optimizer step, durations drawn with a variation, mean of 32 draws), the variation
-set as ``paratrain calibrate --from-trace`` sets it from the traces of the *other six* schedules'
-runs (held out: a schedule's own trace never feeds its prediction). Compared with the engine's
-measured trace (both as ``paratrain compare`` computes them; measured: mean bubble and median
-iteration over the steps after the first). For reference: the same with the variation
-``paratrain calibrate`` measures on a loop of identical kernels, with variation 0, and an exact
-replay (every action its measured duration, communication as calibrated), which isolates the
-schedule and communication model. Targets (issue 6): ratio
-ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time within 15 %.
+AdamW as the optimizer step, durations drawn with a variation, mean of 32 draws), the compute
+speed and the variation fitted as ``paratrain calibrate --from-trace`` fits them to the traces of
+the *other six* schedules' runs (held out: a schedule's own trace never feeds its prediction).
+Compared with the engine's measured trace (both as ``paratrain compare`` computes them;
+measured: mean bubble and median iteration over the steps after the first). For reference: the
+same with only the variation fitted, with the variation ``paratrain calibrate`` measures on a
+loop of identical kernels, with variation 0, and an exact replay (every action its measured
+duration, communication as calibrated), which isolates the schedule and communication model.
+Targets (issue 6): ratio ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time
+within 15 %.
 """
 
 from __future__ import annotations
@@ -317,11 +318,6 @@ def main() -> None:
         interval, interval0, faster = f"{lo:.3f}-{hi:.3f}", f"{lo0:.3f}-{hi0:.3f}", f"{wins}/{len(ours_)}"
         print(f"{'all':<13}{r:>11.3f}{interval:>16}{faster:>8}{r0:>19.3f}{interval0:>16}")
     measured = {name: _measured(tmp / f"{name}.trace.json", a.steps) for name in times}
-    from paratrain.cli.compare import load_trace, run_variation
-
-    def _spans_async(path: Path):
-        spans, meta = load_trace(str(path), "trace")
-        return spans, int(meta["iterations"]) > 1
     from paratrain.sim import simulate_config
     from paratrain.spec.cluster import resolve_cluster
 
@@ -345,12 +341,24 @@ def main() -> None:
 
     whole = cluster_of(before)
     print(f"\ncalibrated before the launch (paratrain calibrate --threads 1 --procs 2): {describe(whole)}")
-    cvs = {name: run_variation(*_spans_async(tmp / f"{name}.trace.json")) for name in measured}
-    print("measured variation of action durations (paratrain compare / calibrate --from-trace): "
-          + ", ".join(f"{n} {v:.3f}" for n, v in cvs.items()))
-    _table("measured vs simulated from the cost model: that calibration, its variation set from the other six "
-           "schedules' traces (paratrain calibrate --from-trace OTHERS; the prediction)",
-           cost_model_rows(lambda name: whole, lambda name: statistics.fmean(v for n, v in cvs.items() if n != name)))
+    from paratrain.sim.fit import fit_trace, pooled_speed_factor, scaled_device
+
+    fits = {name: fit_trace(tmp / f"{name}.trace.json", whole.device) for name in measured}
+    print("each run against that calibration (paratrain calibrate --from-trace): measured / modelled compute "
+          + ", ".join(f"{n} x{f.speed_factor:.3f}" for n, f in fits.items()) + "; variation "
+          + ", ".join(f"{n} {f.duration_cv:.3f}" for n, f in fits.items()))
+
+    def held_out(name: str):
+        others = [f for n, f in fits.items() if n != name]
+        cv = statistics.fmean(f.duration_cv for f in others)
+        return dataclasses.replace(whole, device=scaled_device(whole.device, pooled_speed_factor(others), cv))
+
+    _table("measured vs simulated from the cost model: that calibration fitted to the other six schedules' runs "
+           "(paratrain calibrate --from-trace OTHERS: compute speed and variation; the prediction)",
+           cost_model_rows(held_out))
+    _table("the same with only the variation taken from the other six runs (compute speed as calibrated)",
+           cost_model_rows(lambda name: whole,
+                           lambda name: statistics.fmean(f.duration_cv for n, f in fits.items() if n != name)))
     _table(f"the same with the variation paratrain calibrate measured on a loop of identical kernels "
            f"({whole.device.duration_cv:.3f})", cost_model_rows(lambda name: whole))
     _table("the same with every action at its mean duration (variation 0)",

@@ -64,28 +64,29 @@ def _trace(path, durations_by_step: dict[int, list[float]]) -> None:
     path.write_text(json.dumps({"traceEvents": events, "metadata": {"iterations": 1, "microbatches": len(ds)}}))
 
 
-def test_from_trace_sets_the_variation_of_the_stored_calibration(run_cli, tmp_path, monkeypatch) -> None:
-    """Step 0 (warm-up) is left out: forwards of 1, 2, 3 s give sqrt(variance / mean²) = sqrt(1/6);
-    a second trace with 2, 2, 2 gives 0, and two traces give their mean."""
-    from tests.conftest import assert_one_line_error
+def test_run_variation_leaves_out_the_first_step(tmp_path) -> None:
+    """What --from-trace and paratrain compare take as a run's variation: step 0 (warm-up) is left
+    out, so forwards of 1, 2, 3 s give sqrt(variance / mean²) = sqrt(1/6); 2, 2, 2 gives 0."""
+    from paratrain.cli.compare import load_trace, run_variation
 
-    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     _trace(one, {0: [9.0, 0.1, 5.0], 1: [1.0, 2.0, 3.0]})
     _trace(two, {0: [1.0, 1.0, 1.0], 1: [2.0, 2.0, 2.0]})
+    spans, _ = load_trace(str(one), "trace")
+    assert run_variation(spans, is_async=False) == pytest.approx((1 / 6) ** 0.5, rel=1e-9)
+    assert run_variation(spans, is_async=True) > 0.5  # an asynchronous run keeps every span
+    assert run_variation(load_trace(str(two), "trace")[0], is_async=False) == 0.0
+
+
+def test_from_trace_needs_a_calibration_and_a_readable_trace(run_cli, tmp_path, monkeypatch) -> None:
+    from tests.conftest import assert_one_line_error
+
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    one = tmp_path / "one.json"
+    _trace(one, {0: [1.0, 2.0, 3.0]})
     code, _, err = run_cli("calibrate", "--from-trace", str(one))
     assert_one_line_error(code, err, "--from-trace", "paratrain calibrate")
-    m = {"peak_fp32_flops": 1e11, "memory_bandwidth_Bps": 1e10, "kernel_overhead_s": 1e-6, "threads": 1,
-         "duration_cv": 0.05}
-    cpu_calibration_path().write_text(json.dumps(device_from_measurement(m).to_dict()))
-    code, out, err = run_cli("calibrate", "--from-trace", str(one), "--json")
-    assert code == 0, err
-    assert json.loads(out)["previous_duration_cv"] == 0.05
-    assert resolve_device("cpu").duration_cv == pytest.approx((1 / 6) ** 0.5, rel=1e-9)
-    assert resolve_device("cpu").peak_fp32_flops == 1e11  # the rest of the calibration is kept
-    code, out, err = run_cli("calibrate", "--from-trace", str(one), "--from-trace", str(two))
-    assert code == 0, err
-    assert resolve_device("cpu").duration_cv == pytest.approx((1 / 6) ** 0.5 / 2, rel=1e-9)
+    cpu_calibration_path().write_text(json.dumps(DEVICE_PRESETS["cpu"].to_dict()))
     code, _, err = run_cli("calibrate", "--from-trace", str(tmp_path / "missing.json"))
     assert_one_line_error(code, err, "--from-trace", "does not exist")
 

@@ -404,44 +404,37 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     )
 
 
-def _variation_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
-    """``--from-trace``: a pipeline run's variation of action durations comes from the run's
-    dynamics as much as from the machine (an action is slower while the other stage computes than
-    while it waits), which a loop of identical kernels does not show: measured here 0.10–0.21 in
-    pipeline runs against 0.03–0.10 from the loop. So a measured run can supply it."""
-    from paratrain.cli.compare import load_trace, run_variation
+def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
+    """``--from-trace``: the stored calibration's compute speed and duration variation fitted to
+    measured pipeline runs (:mod:`paratrain.sim.fit`), every other figure kept."""
+    from paratrain.sim.fit import fit_trace, pooled_speed_factor, scaled_device
 
     if not target.is_file():
         raise ConfigError("--from-trace", f"there is no calibration at {str(target)!r} to update",
                           "run `paratrain calibrate` first (with the same --out, if any)")
     try:
-        doc = json.loads(target.read_text())
-        DeviceSpec(**doc)
+        device = DeviceSpec(**json.loads(target.read_text()))
     except (ValueError, TypeError, ConfigError) as e:
         raise ConfigError("--from-trace", f"the calibration at {str(target)!r} cannot be read ({e})",
                           "run `paratrain calibrate` again to rewrite it") from None
-    per_trace = {}
-    for path in traces:
-        spans, meta = load_trace(str(path), "--from-trace")
-        cv = run_variation(spans, int(meta.get("iterations", 1)) > 1)
-        if cv is None:
-            raise ConfigError("--from-trace", f"{path} has no action repeated three times on a rank",
-                              "give the trace of a run with several micro-batches or steps")
-        per_trace[str(path)] = cv
-    before = float(doc.get("duration_cv", 0.0))
-    doc["duration_cv"] = min(1.0, statistics.fmean(per_trace.values()))
-    DeviceSpec(**doc)  # still valid
+    fits = [fit_trace(path, device) for path in traces]
+    factor = pooled_speed_factor(fits)
+    cv = min(1.0, statistics.fmean(f.duration_cv for f in fits))
+    fitted = scaled_device(device, factor, cv)
     try:
-        target.write_text(json.dumps(doc, indent=2) + "\n")
+        target.write_text(json.dumps(fitted.to_dict(), indent=2) + "\n")
     except OSError as e:
         raise ConfigError("--out", f"cannot write {str(target)!r}: {e.strerror or e}", "give a writable path") from None
     if json_out:
-        print_json({"path": str(target), "duration_cv": doc["duration_cv"], "previous_duration_cv": before,
-                    "by_trace": per_trace})
+        print_json({"path": str(target), "device": fitted.to_dict(), "speed_factor": factor, "duration_cv": cv,
+                    "previous_duration_cv": device.duration_cv,
+                    "traces": [{**dataclasses.asdict(f), "speed_factor": f.speed_factor} for f in fits]})
         return
-    for path, cv in per_trace.items():
-        print(f"{path}: variation of action durations {cv:.3f}")
-    print(f"duration_cv {before:.3f} -> {doc['duration_cv']:.3f} (mean over {len(per_trace)} trace(s)); wrote {target}")
+    for f in fits:
+        print(f"{f.path}: compute {f.measured_busy_s:.4g} s per step measured vs {f.simulated_busy_s:.4g} s modelled "
+              f"(x{f.speed_factor:.3f}); variation of action durations {f.duration_cv:.3f}")
+    print(f"compute rates / {factor:.3f}, kernel overheads x {factor:.3f}; duration_cv {device.duration_cv:.3f} -> "
+          f"{cv:.3f}; wrote {target}")
 
 
 def calibrate(
@@ -452,13 +445,13 @@ def calibrate(
         "--procs", help="Processes measuring at once, joined by gloo over loopback (1: the device alone, "
         "no link figures).")] = 2,
     from_trace: Annotated[list[Path] | None, typer.Option(
-        "--from-trace", help="Measured traces (paratrain train --trace): set the stored calibration's duration "
-        "variation to theirs instead of measuring anything. Repeatable.")] = None,
+        "--from-trace", help="Measured pipeline runs (paratrain train --trace): fit the stored calibration's "
+        "compute speed and duration variation to them instead of measuring anything. Repeatable.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     target = out if out is not None else cpu_calibration_path()
     if from_trace:
-        _variation_from_traces(target, from_trace, json_out)
+        _fit_from_traces(target, from_trace, json_out)
         return
     links = target.parent / cpu_cluster_calibration_path().name
     if threads is not None and threads < 1:

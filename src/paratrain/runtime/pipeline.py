@@ -420,7 +420,8 @@ class PipelineExecutor:
             if t.ctx.rank == 0:
                 doc = measured_trace([(pp, off, sp) for pp, ok, off, sp in gathered if ok], t.tracer.origin_s,
                                      self.schedule, t.train.steps)
-                doc["metadata"].update({"model": t.spec.name, "parallel": t.config.to_dict()})
+                doc["metadata"].update({"model": t.spec.name, "model_spec": t.spec.to_dict(),
+                                        "parallel": t.config.to_dict()})
                 Path(t.train.trace).write_text(json.dumps(doc))
 
 
