@@ -11,8 +11,8 @@ Two figures come out of a measured trace (``paratrain train --trace``):
   compute takes that factor longer; communication is left as calibrated.
 
 Both describe this machine and runtime under pipeline load, which a loop of identical kernels
-misses: measured here, a pipeline stage's action is slower while the other stage computes than
-while it waits, and runs varied 0.10–0.21 against the loop's 0.03–0.10.
+misses: measured on a shared 2-core machine, pipeline runs varied 0.06–0.21 against the loop's
+0.03–0.18 (mostly below 0.10), and the calibration alone predicted their compute 6–23 % slow.
 """
 
 from __future__ import annotations
