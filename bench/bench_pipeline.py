@@ -201,24 +201,25 @@ def _fold_u_parts(spans: list) -> list:
 
 
 def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
-                    cluster=None) -> tuple[float, float] | None:
+                    cluster) -> tuple[float, float] | None:
     """(bubble, iteration time) of the schedule simulated with every compute action and optimizer
     step taking exactly its own measured duration (the i-th compute span of a rank is its i-th
-    compute action) and free communication, or with ``cluster``, the communication of the cost
-    model on it (p2p, reductions, the gradient-norm all-reduce): what is left is idle time that
-    neither the schedule's order nor the modelled communication produces. Synchronous schedules:
-    per step after the first, mean bubble, median iteration (as measured); asynchronous ones: the
-    whole run."""
+    compute action) and the cost model's communication on ``cluster`` (p2p, reductions, the
+    gradient-norm all-reduce): what is left is idle time that neither the schedule's order nor the
+    modelled communication produces. Synchronous schedules: per step after the first, mean bubble,
+    median iteration (as measured); asynchronous ones: the whole run."""
     from paratrain.cli.compare import load_trace
+    from paratrain.cost.stage import chunk_costs
     from paratrain.runtime.pipeline import schedule_for
     from paratrain.schedule.ir import ActionKind as K
-    from paratrain.sim import Timing, simulate, timing_for_config
+    from paratrain.sim import simulate, timing_for_config
 
     timed = (K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER_STEP)
-    sched = schedule_for(_config(a, name), a.steps)
+    cfg = _config(a, name)
+    sched = schedule_for(cfg, a.steps)
+    comm = timing_for_config(sched, chunk_costs(_spec(a), cluster, cfg), cluster, cfg, optimizer="torch")
     spans, _ = load_trace(str(trace), "trace")
     spans = _fold_u_parts(spans)
-    n = sched.num_chunks
     idx = [[i for i, x in enumerate(row) if x.kind in timed] for row in sched.actions]
     out = []
     for k in range(1, steps) if sched.iterations == 1 else [None]:
@@ -229,17 +230,8 @@ def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
             if len(sel) != len(idx[r]):
                 return None
             per_rank.append(dict(zip(idx[r], (sp.duration_s for sp in sel), strict=True)))
-        timing = Timing(forward_s=(0.0,) * n, backward_s=(0.0,) * n, input_s=(0.0,) * n, weight_s=(0.0,) * n,
-                        p2p_s=lambda src, dst, c: 0.0, reduce_s=(0.0,) * n, optimizer_s=(0.0,) * sched.stages,
-                        action_s=lambda r, i, per_rank=per_rank: per_rank[r].get(i))
-        if cluster is not None:
-            from paratrain.cost.stage import chunk_costs
-
-            cfg = _config(a, name)
-            comm = timing_for_config(sched, chunk_costs(_spec(a), cluster, cfg), cluster, cfg, optimizer="torch")
-            timing = dataclasses.replace(timing, p2p_s=comm.p2p_s, reduce_s=comm.reduce_s,
-                                         step_allreduce_s=comm.step_allreduce_s)
-        res = simulate(sched, timing)
+        # every timed action takes its measured duration; communication stays modelled
+        res = simulate(sched, dataclasses.replace(comm, action_s=lambda r, i, per_rank=per_rank: per_rank[r].get(i)))
         out.append((res.bubble_fraction, res.iteration_time_s))
     return statistics.mean(b for b, _ in out), statistics.median(t for _, t in out)
 
