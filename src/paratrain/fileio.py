@@ -23,8 +23,8 @@ __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "check_ou
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
     """``path`` as a :class:`Path` if a file can be written there, else a one-line ConfigError.
 
-    Checked: the path is not a directory, its directory exists (or is created with
-    ``make_parents``) and is writable. Nothing is written. Call this for every output flag before
+    Checked: the path is not a directory, and its directory is writable or can be created
+    (created here with ``make_parents``; :func:`atomic_writer` creates it). Nothing is written. Call this for every output flag before
     starting long work, so a typo costs seconds, not a training run.
     """
     p = Path(path)
@@ -42,7 +42,15 @@ def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents:
                     field, f"cannot create directory {str(parent)!r}: {e.strerror or e}", "choose a writable location"
                 ) from None
         else:
-            raise ConfigError(field, f"directory {str(parent)!r} does not exist", "create it or choose another path")
+            # It will be created on write: the nearest existing ancestor must be a writable directory.
+            anc = parent
+            while not anc.exists() and anc != anc.parent:
+                anc = anc.parent
+            if not anc.is_dir():
+                raise ConfigError(field, f"{str(anc)!r} is not a directory", "choose a path inside a directory")
+            if not os.access(anc, os.W_OK | os.X_OK):
+                raise ConfigError(field, f"cannot create directory {str(parent)!r}", "choose a writable location")
+            return p
     if not parent.is_dir():
         raise ConfigError(field, f"{str(parent)!r} is not a directory", "choose a path inside a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
