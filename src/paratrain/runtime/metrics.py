@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from paratrain.sim.engine import TraceEvent
-from paratrain.sim.trace import chrome_trace
 from paratrain.spec.model import Arch, ModelSpec
+from paratrain.trace import TraceEvent, chrome_trace
 
 __all__ = ["Tracer", "model_flops_per_token", "peak_flops_per_device", "MetricsWriter"]
 

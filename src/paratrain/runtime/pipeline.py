@@ -432,8 +432,7 @@ def measured_trace(per_rank: list[tuple[int, float, list[tuple[int, ActionSpan]]
     thread 1, times in microseconds from the run's origin; each event's ``args.step`` is its step.
     ``metadata`` holds ``microbatches`` and ``iterations`` (optimizer steps one timeline window
     covers: 1 per step for synchronous schedules, all steps for asynchronous ones)."""
-    from paratrain.sim.engine import TraceEvent
-    from paratrain.sim.trace import chrome_trace
+    from paratrain.trace import TraceEvent, chrome_trace
 
     events, steps_of = [], []
     for pp, perf_to_wall, spans in per_rank:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from paratrain.errors import ConfigError
 from paratrain.schedule.ir import P2P_KINDS, ActionKind, Schedule
+from paratrain.trace import TraceEvent
 
 __all__ = ["Timing", "TraceEvent", "CommRecord", "SimRun", "run_schedule", "uniform_timing"]
 
@@ -85,17 +86,6 @@ def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2
 
 def _free_p2p(src: int, dst: int, chunk: int) -> float:
     return 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
-    rank: int
-    stream: str  # "compute" or "comm"
-    name: str  # the action's text form, e.g. "F3@c1"
-    start_s: float
-    duration_s: float
-    category: str  # "forward", "backward", "input", "weight", "p2p", "reduce", "optimizer", "filler"
-    microbatch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ rank (``pid`` = rank), thread 0 = compute stream, thread 1 = communication strea
 event (``ph: "X"``) per action named by its text form (``F3@c1``), times in microseconds. It loads
 in Perfetto (ui.perfetto.dev) and chrome://tracing.
 
-These functions only build data (and a matplotlib figure); the CLI writes the files.
+The trace format itself lives in :mod:`paratrain.trace`; these functions draw it.
 """
 
 from __future__ import annotations
@@ -13,65 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from paratrain.sim.engine import TraceEvent
+from paratrain.trace import TraceEvent, chrome_trace, events_from_chrome_trace
 
 __all__ = ["chrome_trace", "ascii_timeline", "plot_timeline", "events_from_chrome_trace"]
-
-_TID = {"compute": 0, "comm": 1}
-
-
-def chrome_trace(events: Iterable[TraceEvent], *, time_unit_s: float = 1e-6, title: str = "") -> dict[str, Any]:
-    """Chrome trace document. ``time_unit_s`` is what one trace microsecond stands for: the default
-    keeps seconds as real microseconds; uniform-time runs pass 1e0 so one unit reads as 1 µs."""
-    scale = 1.0 / time_unit_s if time_unit_s != 1e-6 else 1e6
-    evs: list[dict[str, Any]] = []
-    ranks = set()
-    for e in events:
-        ranks.add(e.rank)
-        evs.append(
-            {
-                "name": e.name,
-                "cat": e.category,
-                "ph": "X",
-                "pid": e.rank,
-                "tid": _TID.get(e.stream, 0),
-                "ts": e.start_s * scale,
-                "dur": e.duration_s * scale,
-                "args": {"microbatch": e.microbatch} if e.microbatch is not None else {},
-            }
-        )
-    meta = []
-    for r in sorted(ranks):
-        meta.append({"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
-        meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": "compute"}})
-        meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 1, "args": {"name": "comm"}})
-    doc: dict[str, Any] = {"traceEvents": meta + evs, "displayTimeUnit": "ms"}
-    if title:
-        doc["otherData"] = {"title": title}
-    return doc
-
-
-def events_from_chrome_trace(doc: dict[str, Any], *, time_unit_s: float = 1e-6) -> list[TraceEvent]:
-    """Inverse of :func:`chrome_trace` (complete events only)."""
-    out = []
-    for ev in doc.get("traceEvents", []):
-        if ev.get("ph") != "X":
-            continue
-        stream = "comm" if ev.get("tid") == 1 else "compute"
-        mb = (ev.get("args") or {}).get("microbatch")
-        out.append(
-            TraceEvent(
-                int(ev["pid"]),
-                stream,
-                str(ev["name"]),
-                ev["ts"] * time_unit_s,
-                ev["dur"] * time_unit_s,
-                str(ev.get("cat", "")),
-                mb,
-            )
-        )
-    return out
-
 
 _GLYPH = {"forward": "F", "backward": "B", "input": "I", "weight": "W", "optimizer": "U", "filler": "X"}
 
