@@ -97,10 +97,10 @@ def test_bad_input_is_one_line(tmp_path: Path, run_cli) -> None:
 def test_duration_variation_pools_groups_of_the_same_action() -> None:
     """forward@c0 on rank 0 lasts 1, 2, 3 (variance/mean² = 1/6), backward@c0 2, 2, 2, 2 (0): the
     pooled value is sqrt((3/6 + 0) / 7); groups under three spans and U's parts are left out."""
-    from paratrain.cli.compare import Span, duration_variation
+    from paratrain.trace import TraceEvent, duration_variation
 
-    def span(name: str, cat: str, d: float, rank: int = 0) -> Span:
-        return Span(rank, "compute", name, 0.0, d, cat, None, 1)
+    def span(name: str, cat: str, d: float, rank: int = 0) -> TraceEvent:
+        return TraceEvent(rank, "compute", name, 0.0, d, cat, None, 1)
 
     spans = [span(f"F{i}@c0", "forward", d) for i, d in enumerate((1.0, 2.0, 3.0))]
     spans += [span(f"B{i}@c0", "backward", 2.0) for i in range(4)]
@@ -108,3 +108,52 @@ def test_duration_variation_pools_groups_of_the_same_action() -> None:
     spans += [span("F0@c1", "forward", 1.0, rank=1), span("F1@c1", "forward", 9.0, rank=1)]
     assert duration_variation(spans) == pytest.approx((3 / 6 / 7) ** 0.5, rel=1e-12)
     assert duration_variation(spans[-2:]) is None
+
+
+_EVENT = {"name": "F0@c0", "cat": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0, "dur": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("event", "key"),
+    [
+        ({k: v for k, v in _EVENT.items() if k != "pid"}, "'pid'"),
+        ({k: v for k, v in _EVENT.items() if k != "ts"}, "'ts'"),
+        ({k: v for k, v in _EVENT.items() if k != "dur"}, "'dur'"),
+        ({**_EVENT, "pid": "0"}, "'pid'"),
+        ({**_EVENT, "ts": [0]}, "'ts'"),
+        ({**_EVENT, "dur": "1"}, "'dur'"),
+        ({**_EVENT, "args": {"step": "last"}}, "args.step"),
+    ],
+)
+def test_malformed_events_are_one_line(tmp_path: Path, run_cli, event: dict, key: str) -> None:
+    import time
+
+    good = tmp_path / "g.json"
+    _write_sim_trace(good, "1f1b", 2, 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"traceEvents": [_EVENT, event]}))
+    t0 = time.perf_counter()
+    assert_one_line_error(*run_cli("compare", str(bad), str(good))[::2], "MEASURED", "event 1", key)
+    assert_one_line_error(*run_cli("compare", str(good), str(bad))[::2], "SIMULATED", "event 1", key)
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps({"traceEvents": [{**_EVENT, "ts": float("nan")}]}))  # Python writes NaN
+    assert_one_line_error(*run_cli("compare", str(nan), str(good))[::2], "MEASURED", "NaN")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_bad_metadata_and_plot_are_one_line(tmp_path: Path, run_cli) -> None:
+    good = tmp_path / "g.json"
+    _write_sim_trace(good, "1f1b", 2, 2)
+    doc = json.loads(good.read_text())
+    doc["metadata"] = {"microbatches": "two"}
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps(doc))
+    assert_one_line_error(*run_cli("compare", str(meta), str(good))[::2], "MEASURED", "microbatches")
+    assert run_cli("compare", str(meta), str(good), "--microbatches", "2")[0] == 0
+    # the output path is checked before any work; a timeline too big to draw is refused up front
+    assert_one_line_error(*run_cli("compare", str(good), str(good), "--plot", str(tmp_path))[::2], "--plot")
+    big = tmp_path / "big.json"
+    _write_sim_trace(big, "gpipe", 8, 128)  # 2048 compute events
+    png = tmp_path / "big.png"
+    assert_one_line_error(*run_cli("compare", str(big), str(big), "--plot", str(png))[::2], "MEASURED", "1500")
+    assert not png.exists()

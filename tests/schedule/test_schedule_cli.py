@@ -96,3 +96,55 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], words: str, capsys) -> No
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["-s", "1f1b", "-p", "512", "-m", "4096"], "exceeds 16384"),
+        (["-s", "interleaved", "-p", "64", "-m", "256", "-v", "2"], "exceeds 16384"),
+        (["-s", "2bw", "-p", "64", "-m", "64", "--iterations", "8"], "steps(8)"),
+        (["-s", "1f1b", "-p", "16", "-m", "64", "--plot", "x.png"], "--plot"),
+    ],
+)
+def test_sizes_that_cannot_finish_in_seconds_are_refused_up_front(argv: list[str], words: str, capsys,
+                                                                  tmp_path, monkeypatch) -> None:
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    code, out, err = _run(["schedule", "show", *argv], capsys)
+    assert time.perf_counter() - t0 < 5
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_the_largest_accepted_size_shows_in_seconds(capsys) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    code, out, _ = _run(["schedule", "show", "-s", "1f1b", "-p", "64", "-m", "256", "--json"], capsys)
+    assert code == 0 and json.loads(out)["actions"] > 90_000
+    assert time.perf_counter() - t0 < 15  # ~3 s on one core; generous for a loaded test machine
+
+
+def test_a_huge_schedule_file_is_refused_before_parsing(tmp_path, capsys) -> None:
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"stages": 2, "actions": [["F0@c0"] * 60_000, ["F0@c1"] * 60_000]}))
+    code, out, err = _run(["schedule", "show", "--file", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--file" in err and "120000 actions" in err, err
+
+
+def test_output_paths_are_checked_before_work(tmp_path, capsys) -> None:
+    for flag in ("--plot", "--trace", "--save"):
+        code, out, err = _run(["schedule", "show", "-s", "1f1b", flag, str(tmp_path)], capsys)
+        assert code == 2 and out == "" and err.count("\n") == 1 and flag in err and "directory" in err, err
+
+
+def test_trace_carries_metadata(tmp_path, capsys) -> None:
+    tr = tmp_path / "t.json"
+    code, _, _ = _run(["schedule", "show", "-s", "1f1b", "-p", "2", "-m", "4", "--trace", str(tr)], capsys)
+    assert code == 0
+    meta = json.loads(tr.read_text())["metadata"]
+    assert (meta["schedule"], meta["stages"], meta["microbatches"], meta["iterations"]) == ("1f1b", 2, 4, 1)

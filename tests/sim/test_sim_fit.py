@@ -54,6 +54,74 @@ def test_scaled_device_stretches_every_compute_time_exactly() -> None:
         scaled_device(cluster.device, 0.0)
 
 
+def _rates_divided(device: DeviceSpec, f: float) -> DeviceSpec:
+    """The fit as it was first done: every peak rate and the bandwidth divided by ``f``, overheads
+    multiplied (each roofline time then scales by exactly ``f``)."""
+    rates = ("peak_fp32_flops", "peak_bf16_flops", "peak_tf32_flops", "peak_fp16_flops", "peak_fp8_flops",
+             "peak_int8_flops", "memory_bandwidth_Bps")
+    changes = {k: getattr(device, k) / f for k in rates}
+    changes.update(kernel_overhead_s=device.kernel_overhead_s * f, host_issue_s=device.host_issue_s * f)
+    return dataclasses.replace(device, **changes)
+
+
+@pytest.mark.parametrize("factor", [1.3, 2.0, 0.5])
+@pytest.mark.parametrize("device", ["cpu", "a100-80gb"])
+def test_fitted_speed_goes_into_the_efficiency_not_the_peak(factor: float, device: str) -> None:
+    """Predicted times equal those of dividing every rate by the factor; the peak FLOP/s stay (unless
+    the run beat what an efficiency of 1 allows: factor 0.5 below the presets' GEMM efficiency), so
+    MFU is the old MFU divided by the factor."""
+    cluster = dataclasses.replace(resolve_cluster("cpu", "--cluster", gpus=2), device=resolve_device(device))
+    base = cluster.device
+    new = scaled_device(base, factor, duration_cv=0.0)
+    old = dataclasses.replace(_rates_divided(base, factor), duration_cv=0.0)
+    got = simulate_config(SPEC, dataclasses.replace(cluster, device=new), CFG, optimizer="torch")
+    want = simulate_config(SPEC, dataclasses.replace(cluster, device=old), CFG, optimizer="torch")
+    assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+    assert got.busy_s_by_rank == pytest.approx(want.busy_s_by_rank, rel=1e-12)
+    if factor >= base.gemm_efficiency:
+        assert new.peak_flops(CFG.dtype) == base.peak_flops(CFG.dtype)
+        assert new.gemm_efficiency == pytest.approx(base.gemm_efficiency / factor, rel=1e-15)
+        assert got.mfu == pytest.approx(want.mfu / factor, rel=1e-12)
+    else:
+        assert new.gemm_efficiency == 1.0
+        assert new.peak_flops(CFG.dtype) == pytest.approx(base.peak_flops(CFG.dtype) * base.gemm_efficiency / factor)
+    assert got.mfu <= 1
+
+
+def _pp1_trace(path, *, factor: float, steps: int, with_steps: bool) -> float:
+    """A measured data-parallel run without a pipeline (pp = 1, dp = 2), both ranks' spans as
+    ``paratrain train --trace`` records them (pid = global rank), each compute span ``factor`` times
+    the simulated one; with ``with_steps`` the spans carry ``args.step`` and step 0 (warm-up) is 5
+    times slower still. Returns the simulated busy time of the one pipeline rank."""
+    cfg = ParallelConfig(dp=2, pp=1, microbatch=2, global_batch=16)
+    cluster = resolve_cluster("cpu", "--cluster", gpus=2)
+    sim = simulate_config(SPEC, cluster, cfg, record=True, optimizer="torch")
+    assert {e.rank for e in sim.events} == {0}
+    it = sim.iteration_time_s * factor * 5
+    events = []
+    for step in range(steps):
+        slow = factor * (5 if with_steps and step == 0 else 1)
+        for rank in (0, 1):
+            for e in sim.events:
+                events.append(dataclasses.replace(
+                    e, rank=rank, start_s=e.start_s * slow + step * it,
+                    duration_s=e.duration_s * slow if e.stream == "compute" else e.duration_s,
+                    step=step if with_steps else None))
+    doc = chrome_trace(events)
+    doc["metadata"] = {"microbatches": cfg.num_microbatches, "iterations": 1, "steps": steps,
+                       "model_spec": SPEC.to_dict(), "parallel": cfg.to_dict()}
+    path.write_text(json.dumps(doc))
+    return sum(sim.busy_s_by_rank)
+
+
+@pytest.mark.parametrize("with_steps", [False, True])
+def test_a_pp1_trace_fits(tmp_path, with_steps: bool) -> None:
+    busy = _pp1_trace(tmp_path / "dp.json", factor=1.3, steps=3, with_steps=with_steps)
+    fit = fit_trace(tmp_path / "dp.json", resolve_device("cpu"))
+    assert fit.simulated_busy_s == pytest.approx(busy, rel=1e-12)
+    assert fit.speed_factor == pytest.approx(1.3, rel=1e-9)
+
+
 def test_calibrate_from_trace_stores_the_fit(run_cli, tmp_path, monkeypatch) -> None:
     from tests.conftest import assert_one_line_error
 
@@ -66,9 +134,11 @@ def test_calibrate_from_trace_stores_the_fit(run_cli, tmp_path, monkeypatch) -> 
     assert code == 0, err
     assert json.loads(out)["speed_factor"] == pytest.approx(1.3, rel=1e-9)
     after = DeviceSpec(**json.loads(cpu_calibration_path().read_text()))
-    assert after.peak_fp32_flops == pytest.approx(before.peak_fp32_flops / 1.3)
+    assert after.peak_fp32_flops == before.peak_fp32_flops  # the MFU denominator stays as measured
+    assert after.gemm_efficiency == pytest.approx(before.gemm_efficiency / 1.3)
+    assert after.memory_bandwidth_Bps == pytest.approx(before.memory_bandwidth_Bps / 1.3)
     assert after.kernel_overhead_s == pytest.approx(before.kernel_overhead_s * 1.3)
-    assert after.gemm_efficiency == before.gemm_efficiency  # the rest is kept
+    assert after.memory_efficiency == before.memory_efficiency  # the rest is kept
     no_meta = tmp_path / "old.json"
     doc = json.loads((tmp_path / "m.json").read_text())
     del doc["metadata"]["model_spec"]

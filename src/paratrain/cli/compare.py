@@ -21,147 +21,30 @@ input of the simulator's variable-duration mode (``paratrain simulate --duration
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
+from paratrain.fileio import atomic_writer, check_output_path
+from paratrain.sim.limits import check_plot_size
+from paratrain.trace import (
+    TimelineStats,
+    TraceEvent,
+    duration_variation,
+    read_trace,
+    run_variation,
+    select_step,
+    shift_to_zero,
+    timeline_stats,
+)
+
+# The statistics live in paratrain.trace; these names stay importable from here.
+load_trace = read_trace
 
 __all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace", "duration_variation",
            "run_variation"]
-
-_COMPUTE = {"forward", "backward", "input", "weight", "optimizer", "filler"}
-
-
-@dataclass(frozen=True)
-class Span:
-    rank: int
-    stream: str
-    name: str
-    start_s: float
-    duration_s: float
-    category: str
-    microbatch: int | None
-    step: int | None
-
-
-@dataclass(frozen=True)
-class TimelineStats:
-    iteration_time_s: float
-    busy_s_by_rank: tuple[float, ...]
-    bubble_fraction: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"iteration_time_s": self.iteration_time_s, "busy_s_by_rank": list(self.busy_s_by_rank),
-                "bubble_fraction": self.bubble_fraction}
-
-
-def load_trace(path: str, field: str) -> tuple[list[Span], dict[str, Any]]:
-    """Complete events and metadata of a Chrome trace file (ConfigError on anything else)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(field, f"{path} does not exist", "give the file written by --trace") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(field, f"{path} is not JSON ({e.__class__.__name__})", "give a Chrome trace file") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise ConfigError(field, f"{path} has no traceEvents list",
-                          "give a Chrome trace (paratrain train/simulate --trace)")
-    spans = []
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        args = ev.get("args") or {}
-        stream = "comm" if ev.get("tid") in (1, "comm") else "compute"
-        spans.append(Span(int(ev["pid"]), stream, str(ev.get("name", "")), float(ev["ts"]) * 1e-6,
-                          float(ev["dur"]) * 1e-6, str(ev.get("cat", "")), args.get("microbatch"), args.get("step")))
-    if not any(s.stream == "compute" for s in spans):
-        raise ConfigError(field, f"{path} has no compute events", "give a trace of a pipeline run")
-    meta = doc.get("metadata") or doc.get("otherData") or {}
-    return spans, meta if isinstance(meta, dict) else {}
-
-
-def timeline_stats(spans: list[Span], *, microbatches: int, iterations: int) -> TimelineStats:
-    """Iteration time, busy time per rank and bubble fraction (see the module docstring)."""
-    compute = [s for s in spans if s.stream == "compute" and (s.category in _COMPUTE or not s.category)]
-    ranks = sorted({s.rank for s in spans})
-    if iterations < 3:
-        t0 = min(s.start_s for s in spans)
-        end = max(s.start_s + s.duration_s for s in spans)
-        it = (end - t0) / iterations
-        busy = [sum(s.duration_s for s in compute if s.rank == r) / iterations for r in ranks]
-    else:
-        periods, busy = [], []
-        for r in ranks:
-            ends: dict[int, float] = {}
-            for s in compute:
-                if s.rank == r and s.category in ("backward", "weight") and s.microbatch is not None \
-                        and s.microbatch % microbatches == microbatches - 1:
-                    ends[s.microbatch // microbatches] = s.start_s + s.duration_s
-            if 0 not in ends or iterations - 2 not in ends:
-                raise ConfigError("--iterations", f"rank {r} lacks the last backward of batch 0 or {iterations - 2}",
-                                  "give the trace's --microbatches and --iterations")
-            lo, hi = ends[0], ends[iterations - 2]
-            periods.append((hi - lo) / (iterations - 2))
-            busy.append(sum(s.duration_s for s in compute if s.rank == r and lo <= s.start_s < hi) / (iterations - 2))
-        it = sum(periods) / len(periods)
-    bubble = sum((it - b) / it for b in busy) / len(busy) if it > 0 else 0.0
-    return TimelineStats(it, tuple(busy), bubble)
-
-
-def duration_variation(spans: list[Span]) -> float | None:
-    """How much the durations of repeated compute actions vary: the pooled coefficient of
-    variation (root of the count-weighted mean of variance / mean² over groups of the same action
-    kind on the same rank and chunk; groups of at least three). The optimizer step's parts before
-    its wait (``U.norm``, ``U.stash``) are left out, ``U`` itself is in. None if no group has three
-    spans. This is what ``paratrain simulate --duration-cv`` takes."""
-    import re
-    import statistics
-
-    groups: dict[tuple[int, str, str], list[float]] = {}
-    for s in spans:
-        if s.stream != "compute" or s.category not in _COMPUTE or s.name.startswith("U."):
-            continue
-        m = re.search(r"@c(\d+)", s.name)
-        groups.setdefault((s.rank, s.category, m.group(1) if m else ""), []).append(s.duration_s)
-    weighted, n = 0.0, 0
-    for ds in groups.values():
-        mean = statistics.fmean(ds)
-        if len(ds) >= 3 and mean > 0:
-            weighted += len(ds) * statistics.pvariance(ds) / mean**2
-            n += len(ds)
-    return (weighted / n) ** 0.5 if n else None
-
-
-def run_variation(spans: list[Span], is_async: bool) -> float | None:
-    """:func:`duration_variation` of a measured run: every step but the first (warm-up) of a
-    synchronous schedule; the whole list of an asynchronous one (it never restarts)."""
-    steps = {s.step for s in spans if s.step is not None}
-    if not is_async and len(steps) > 1:
-        spans = [s for s in spans if s.step != min(steps)]
-    return duration_variation(spans)
-
-
-def _select_step(spans: list[Span], step: int | None) -> tuple[list[Span], int | None]:
-    steps = sorted({s.step for s in spans if s.step is not None})
-    if not steps:
-        return spans, None
-    chosen = steps[-1] if step is None else step
-    if chosen not in steps:
-        raise ConfigError("--step", f"the measured trace has steps {steps[0]}..{steps[-1]}, not {chosen}",
-                          f"use --step between {steps[0]} and {steps[-1]}")
-    return [s for s in spans if s.step == chosen], chosen
-
-
-def _shift(spans: list[Span]) -> list[Span]:
-    t0 = min(s.start_s for s in spans)
-    return [Span(s.rank, s.stream, s.name, s.start_s - t0, s.duration_s, s.category, s.microbatch, s.step)
-            for s in spans]
 
 
 def register(app: typer.Typer) -> None:
@@ -182,35 +65,41 @@ def compare(
     = None,
     json_out: JsonOpt = False,
 ) -> None:
-    m_spans, meta = load_trace(measured, "MEASURED")
-    s_spans, _ = load_trace(simulated, "SIMULATED")
-    mb = int(meta.get("microbatches", 1)) if microbatches is None else microbatches
-    m_its = int(meta.get("iterations", 1)) if iterations is None else iterations
+    if plot is not None:
+        check_output_path(plot, "--plot")
+    m_events, meta = read_trace(measured, "MEASURED")
+    s_events, _ = read_trace(simulated, "SIMULATED")
+    mb = _meta_int(meta, "microbatches", measured) if microbatches is None else microbatches
+    m_its = _meta_int(meta, "iterations", measured) if iterations is None else iterations
     is_async = m_its > 1
     s_its = (4 if is_async else 1) if sim_iterations is None else sim_iterations
     for name, v in (("--microbatches", mb), ("--iterations", m_its), ("--sim-iterations", s_its)):
         if v < 1:
             raise ConfigError(name, f"must be at least 1, got {v}", f"use {name} 1 or more")
     chosen = None
-    cv = run_variation(m_spans, is_async)
+    cv = run_variation(m_events, is_async)
     if not is_async:
-        m_spans, chosen = _select_step(m_spans, step)
-    m_spans = _shift(m_spans)
-    ms = timeline_stats(m_spans, microbatches=mb, iterations=m_its)
-    ss = timeline_stats(s_spans, microbatches=mb, iterations=s_its)
+        m_events, chosen = select_step(m_events, step)
+    m_events = shift_to_zero(m_events)
+    if plot is not None:
+        for what, evs in (("MEASURED", m_events), ("SIMULATED", s_events)):
+            check_plot_size(evs, what)
+    ms = timeline_stats(m_events, microbatches=mb, iterations=m_its)
+    ss = timeline_stats(s_events, microbatches=mb, iterations=s_its)
     ranks = max(len(ms.busy_s_by_rank), len(ss.busy_s_by_rank))
-    err = (ss.iteration_time_s - ms.iteration_time_s) / ms.iteration_time_s
+    err = (ss.iteration_time_s - ms.iteration_time_s) / ms.iteration_time_s if ms.iteration_time_s > 0 else None
     out = {"measured": ms.to_dict(), "simulated": ss.to_dict(), "step": chosen,
            "iteration_time_rel_error": err,
            "bubble_fraction_diff_points": 100 * (ss.bubble_fraction - ms.bubble_fraction),
            "measured_duration_cv": cv, "plot": plot}
     if plot is not None:
-        _plot(m_spans, s_spans, ranks, plot, f"{meta.get('schedule', '')}".strip())
+        _plot(m_events, s_events, ranks, plot, f"{meta.get('schedule', '')}".strip())
     if json_out:
         print_json(out)
         return
     print(f"{'':<22}{'measured':>12}{'simulated':>12}{'difference':>14}")
-    print(f"{'iteration time (s)':<22}{ms.iteration_time_s:>12.4g}{ss.iteration_time_s:>12.4g}{100 * err:>+13.1f}%")
+    diff = f"{100 * err:>+13.1f}%" if err is not None else f"{'n/a':>14}"
+    print(f"{'iteration time (s)':<22}{ms.iteration_time_s:>12.4g}{ss.iteration_time_s:>12.4g}{diff}")
     print(f"{'bubble fraction':<22}{100 * ms.bubble_fraction:>11.1f}%{100 * ss.bubble_fraction:>11.1f}%"
           f"{out['bubble_fraction_diff_points']:>+10.1f} pts")
     for r in range(ranks):
@@ -227,24 +116,29 @@ def compare(
         print(f"wrote {plot}")
 
 
-def _plot(m_spans: list[Span], s_spans: list[Span], ranks: int, path: str, title: str) -> None:
+def _meta_int(meta: dict[str, Any], key: str, path: str) -> int:
+    """An integer of the measured trace's metadata (1 when absent)."""
+    v = meta.get(key, 1)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
+        raise ConfigError("MEASURED", f"{path}: metadata {key!r} = {v!r} is not an integer",
+                          f"pass --{key} explicitly")
+    return int(v)
+
+
+def _plot(m_events: list[TraceEvent], s_events: list[TraceEvent], ranks: int, path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from paratrain.sim.engine import TraceEvent
     from paratrain.sim.trace import plot_timeline
 
-    def events(spans: list[Span]) -> list[TraceEvent]:
-        return [TraceEvent(s.rank, s.stream, s.name, s.start_s, s.duration_s, s.category or "forward", s.microbatch)
-                for s in spans]
-
     fig, axes = plt.subplots(2, 1, figsize=(14, 1.1 * ranks + 3), sharex=True)
-    plot_timeline(events(m_spans), ranks, title=f"measured {title}".strip(), ax=axes[0])
-    plot_timeline(events(s_spans), ranks, title=f"simulated {title}".strip(), ax=axes[1])
-    end = max(max(s.start_s + s.duration_s for s in m_spans), max(s.start_s + s.duration_s for s in s_spans))
+    plot_timeline(m_events, ranks, title=f"measured {title}".strip(), ax=axes[0])
+    plot_timeline(s_events, ranks, title=f"simulated {title}".strip(), ax=axes[1])
+    end = max(max(e.start_s + e.duration_s for e in m_events), max(e.start_s + e.duration_s for e in s_events))
     axes[0].set_xlim(0, end)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_writer(path, "--plot", binary=True) as fh:
+        fig.savefig(fh, format="png", dpi=120)
     plt.close(fig)

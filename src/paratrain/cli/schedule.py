@@ -54,20 +54,36 @@ def show(
     actions: Annotated[bool, typer.Option("--actions", help="Also print every rank's action list.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
+    from paratrain.fileio import atomic_write_text, atomic_writer, check_output_path
     from paratrain.schedule import Schedule, generate, validate
+    from paratrain.schedule.pipedream import DEFAULT_ASYNC_ITERATIONS
     from paratrain.sim import simulate
-    from paratrain.sim.trace import ascii_timeline, chrome_trace, plot_timeline
+    from paratrain.sim.limits import check_plot_size, check_show_actions, check_show_size
+    from paratrain.sim.trace import ascii_timeline, plot_timeline
+    from paratrain.trace import write_trace
 
+    for flag, path in (("--plot", plot), ("--trace", trace), ("--save", save)):
+        if path is not None:
+            check_output_path(path, flag)
     if file is not None:
         if schedule is not None:
             raise ConfigError("--file", "give either --file or --schedule, not both", "drop one of them")
         from paratrain.spec._files import load_document
 
-        sched = Schedule.from_dict(load_document(file, "--file"), "--file")
+        doc = load_document(file, "--file")
+        rows = doc.get("actions") if isinstance(doc, dict) else None
+        if isinstance(rows, list):  # refuse a huge file before parsing every action
+            check_show_actions(sum(len(row) for row in rows if isinstance(row, list)), "--file")
+        sched = Schedule.from_dict(doc, "--file")
     else:
         if schedule is None:
             raise ConfigError("--schedule", "no schedule given", "pass --schedule NAME or --file FILE")
         v = virtual_stages if virtual_stages is not None else (2 if schedule.lower() == "interleaved" else 1)
+        its = iterations if iterations is not None else (
+            DEFAULT_ASYNC_ITERATIONS if schedule.lower() in ("pipedream", "2bw") else 1
+        )
+        if stages >= 1 and microbatches >= 1 and v >= 1 and its >= 1:  # else the generator names the bad flag
+            check_show_size(stages, microbatches, v, its)
         try:
             sched = generate(
                 schedule, stages=stages, microbatches=microbatches, virtual_stages=v, iterations=iterations
@@ -75,6 +91,8 @@ def show(
         except ConfigError as e:
             flag = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages"}
             raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
+    if plot is not None:  # one box per compute action
+        check_plot_size([a for row in sched.actions for a in row if a.is_compute], "--plot")
     check = validate(sched)
     res = simulate(sched, forward=forward_time, backward=backward_time, record=True)
     if plot is not None:
@@ -85,11 +103,16 @@ def show(
             title=f"{sched.name}: {sched.stages} stages, {sched.microbatches} micro-batches"
             f", bubble {res.bubble_fraction:.1%}",
         )
-        fig.savefig(plot, dpi=120)
+        with atomic_writer(plot, "--plot", binary=True) as fh:
+            fig.savefig(fh, format="png", dpi=120)
     if trace is not None:
-        trace.write_text(json.dumps(chrome_trace(res.events, time_unit_s=1.0, title=sched.name)) + "\n")
+        write_trace(trace, res.events, field="--trace", title=sched.name, time_unit_s=1.0,
+                    metadata={"source": "paratrain schedule show (uniform durations)", "schedule": sched.name,
+                              "stages": sched.stages, "microbatches": sched.microbatches,
+                              "iterations": sched.iterations, "forward_time": forward_time,
+                              "backward_time": backward_time})
     if save is not None:
-        save.write_text(json.dumps(sched.to_dict(), indent=1) + "\n")
+        atomic_write_text(save, json.dumps(sched.to_dict(), indent=1) + "\n", "--save")
     if json_out:
         print_json(
             {

@@ -61,13 +61,17 @@ Execution semantics (what the validator proves and the runtime may rely on)
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paratrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from paratrain.schedule.compiled import Compiled
 
 __all__ = [
     "Action",
@@ -244,6 +248,15 @@ class Schedule:
 
     def count(self, kind: ActionKind) -> int:
         return sum(1 for row in self.actions for a in row if a.kind is kind)
+
+    @functools.cached_property
+    def compiled(self) -> Compiled:
+        """The compiled form (:mod:`paratrain.schedule.compiled`), built on first use and kept with
+        this object: the validator, the simulator and a planner's repeated simulations share it.
+        Raises ConfigError if sends and receives or reductions do not match."""
+        from paratrain.schedule.compiled import compile_schedule
+
+        return compile_schedule(self)
 
     # ----- text and JSON forms -------------------------------------------------------------
     def to_text(self) -> str:

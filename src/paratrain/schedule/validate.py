@@ -25,15 +25,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from paratrain.errors import ConfigError
+from paratrain.schedule.compiled import STEP_P2P, STEP_REDUCE, STEP_STEP, Compiled, compile_schedule
 from paratrain.schedule.ir import Action, ActionKind, Schedule
 
+# Compiled and compile_schedule live in paratrain.schedule.compiled; importable from here too.
 __all__ = ["ScheduleCheck", "Compiled", "validate", "compile_schedule", "inflight_and_versions"]
 
 K = ActionKind
-
-# step kinds of the compiled form
-STEP_COMPUTE, STEP_P2P, STEP_REDUCE, STEP_STEP, STEP_FILLER = range(5)
-
 
 @dataclass(frozen=True)
 class ScheduleCheck:
@@ -42,19 +40,6 @@ class ScheduleCheck:
     peak_inflight_by_rank: tuple[int, ...]
     weight_versions_by_rank: tuple[int, ...]
     p2p_batches_by_rank: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """Execution structure shared by the deadlock check and the simulator.
-
-    ``steps[r]`` lists ``(step_kind, start, stop)`` over action indices of rank ``r``;
-    ``partner[r][i]`` is, for a send/receive, the ``(rank, index)`` of its matching action, and for
-    a reduction the tuple of ``(rank, index)`` of the same reduction on the other group members.
-    """
-
-    steps: tuple[tuple[tuple[int, int, int], ...], ...]
-    partner: tuple[dict[int, object], ...]
 
 
 def _fail(s: Schedule, r: int, i: int, problem: str, fix: str | None = None) -> None:
@@ -361,148 +346,42 @@ def _check_complete(s: Schedule) -> None:
                 )
 
 
-_MATCH = {K.SEND_ACT: (K.RECV_ACT, 1), K.SEND_GRAD: (K.RECV_GRAD, -1)}
-
-
-def compile_schedule(s: Schedule) -> Compiled:
-    """Group actions into steps and match sends with receives and reductions across ranks."""
-    steps = []
-    partner: list[dict[int, object]] = [{} for _ in range(s.stages)]
-    sends: dict[tuple[int, int], list[int]] = {}
-    recvs: dict[tuple[int, int], list[int]] = {}
-    groups: dict[tuple[int, ...], dict[int, list[int]]] = {}
-    group_of_chunk = [tuple(sorted({row[c] for row in s.placement})) for c in range(s.num_chunks)]
-    for r, row in enumerate(s.actions):
-        rs: list[tuple[int, int, int]] = []
-        i, n = 0, len(row)
-        while i < n:
-            a = row[i]
-            k = a.kind
-            if k in _P2P:
-                j = i
-                while j < n and row[j].kind in _P2P:
-                    b = row[j]
-                    if b.kind in _MATCH:
-                        sends.setdefault((r, b.peer), []).append(j)
-                    else:
-                        recvs.setdefault((b.peer, r), []).append(j)
-                    j += 1
-                rs.append((STEP_P2P, i, j))
-                i = j
-                continue
-            if k is K.REDUCE_GRAD:
-                groups.setdefault(group_of_chunk[a.chunk], {}).setdefault(r, []).append(i)
-                rs.append((STEP_REDUCE, i, i + 1))
-            elif k is K.OPTIMIZER_STEP:
-                rs.append((STEP_STEP, i, i + 1))
-            elif k is K.FILLER:
-                rs.append((STEP_FILLER, i, i + 1))
-            else:
-                rs.append((STEP_COMPUTE, i, i + 1))
-            i += 1
-        steps.append(tuple(rs))
-    for (src, dst), idx in sends.items():
-        ridx = recvs.get((src, dst), [])
-        for n_, j in enumerate(idx):
-            a = s.actions[src][j]
-            want_kind, dc = _MATCH[a.kind]
-            if n_ >= len(ridx):
-                _fail(
-                    s,
-                    src,
-                    j,
-                    f"no matching receive: rank {dst} posts only {len(ridx)} receives from rank {src}, "
-                    f"this is send #{n_ + 1}",
-                    f"add {want_kind.value}{a.microbatch}@c{a.chunk + dc}<{src} on rank {dst}",
-                )
-            b = s.actions[dst][ridx[n_]]
-            if (
-                b.kind is not want_kind
-                or b.chunk != a.chunk + dc
-                or b.microbatch != a.microbatch
-                or b.replica != a.replica
-            ):
-                _fail(
-                    s,
-                    dst,
-                    ridx[n_],
-                    f"receive #{n_ + 1} from rank {src} does not match send #{n_ + 1} of rank {src}, "
-                    f"which is {a} (action {j}); matching is FIFO per rank pair",
-                    "post receives in the order the peer sends",
-                )
-            partner[src][j] = (dst, ridx[n_])
-            partner[dst][ridx[n_]] = (src, j)
-    for (src, dst), ridx in recvs.items():
-        nsend = len(sends.get((src, dst), []))
-        if len(ridx) > nsend:
-            j = ridx[nsend]
-            _fail(
-                s,
-                dst,
-                j,
-                f"missing send: rank {src} sends only {nsend} messages to rank {dst}, this is receive #{nsend + 1}",
-            )
-    for members in groups.values():
-        ranks = sorted(members)
-        seqs = {r: [(s.actions[r][i].chunk) for i in members[r]] for r in ranks}
-        ref = ranks[0]
-        for r in ranks[1:]:
-            if len(seqs[r]) != len(seqs[ref]) or seqs[r] != seqs[ref]:
-                n_ = next(
-                    (t for t, (x, y) in enumerate(zip(seqs[r], seqs[ref], strict=False)) if x != y),
-                    min(len(seqs[r]), len(seqs[ref])),
-                )
-                i = members[r][min(n_, len(members[r]) - 1)]
-                _fail(
-                    s,
-                    r,
-                    i,
-                    f"reduction #{n_ + 1} of the group shared with rank {ref} does not match rank {ref}'s "
-                    f"(chunks {seqs[ref]} there, {seqs[r]} here)",
-                    "issue reductions in the same order on every member",
-                )
-        for t in range(len(members[ref])):
-            for r in ranks:
-                partner[r][members[r][t]] = tuple((q, members[q][t]) for q in ranks if q != r)
-    return Compiled(tuple(steps), tuple(partner))
-
-
-_P2P = frozenset({K.SEND_ACT, K.RECV_ACT, K.SEND_GRAD, K.RECV_GRAD})
-
-
 def _check_deadlock(s: Schedule, comp: Compiled) -> None:
+    """Run every rank under the blocking semantics (a p2p batch waits for all its partners to be
+    posted, an optimizer step for every member of the reductions launched since the last one);
+    a rank that can never move on is a deadlock, reported with its wait chain."""
     n = s.stages
-    posted = [bytearray(len(row)) for row in s.actions]
+    off, rank_of, partner, members_of = comp.offsets, comp.rank_of, comp.partner, comp.reduce_members
+    posted = bytearray(comp.total)
     pc = [0] * n
     pending: list[list[int]] = [[] for _ in range(n)]  # reductions launched since the last step
-    waiters: dict[tuple[int, int], list[int]] = {}
-    waiting_on: list[tuple[int, int, int] | None] = [None] * n  # (own action, peer rank, peer action)
+    waiters: dict[int, list[int]] = {}
+    waiting_on: list[tuple[int, int] | None] = [None] * n  # (own global action, awaited global action)
     run = deque(range(n))
     while run:
         r = run.popleft()
-        steps, part = comp.steps[r], comp.partner[r]
+        steps, o = comp.steps[r], off[r]
         while pc[r] < len(steps):
             kind, a, b = steps[pc[r]]
             blocked = None
             if kind == STEP_P2P:
-                for i in range(a, b):
-                    if not posted[r][i]:
-                        posted[r][i] = 1
-                        run.extend(waiters.pop((r, i), ()))
-                for i in range(a, b):
-                    q, j = part[i]
-                    if not posted[q][j]:
-                        blocked = (i, q, j)
+                for g in range(o + a, o + b):
+                    if not posted[g]:
+                        posted[g] = 1
+                        run.extend(waiters.pop(g, ()))
+                for g in range(o + a, o + b):
+                    if not posted[partner[g]]:
+                        blocked = (g, partner[g])
                         break
             elif kind == STEP_REDUCE:
-                posted[r][a] = 1
-                run.extend(waiters.pop((r, a), ()))
-                pending[r].append(a)
+                posted[o + a] = 1
+                run.extend(waiters.pop(o + a, ()))
+                pending[r].append(o + a)
             elif kind == STEP_STEP:
-                for i in pending[r]:
-                    for q, j in part.get(i, ()):
-                        if not posted[q][j]:
-                            blocked = (a, q, j)
+                for g in pending[r]:
+                    for h in members_of.get(g, ()):
+                        if not posted[h]:
+                            blocked = (o + a, h)
                             break
                     if blocked:
                         break
@@ -510,22 +389,30 @@ def _check_deadlock(s: Schedule, comp: Compiled) -> None:
                     pending[r].clear()
             if blocked is not None:
                 waiting_on[r] = blocked
-                waiters.setdefault((blocked[1], blocked[2]), []).append(r)
+                waiters.setdefault(blocked[1], []).append(r)
                 break
             waiting_on[r] = None
             pc[r] += 1
     stuck = [r for r in range(n) if pc[r] < len(comp.steps[r])]
     if stuck:
-        r = stuck[0]
+
+        def text(g: int) -> tuple[int, int, str]:
+            q = rank_of[g]
+            return q, g - off[q], str(s.actions[q][g - off[q]])
+
         chain = []
         seen = set()
+        r: int | None = stuck[0]
         while r is not None and r not in seen and waiting_on[r] is not None:
             seen.add(r)
-            i, q, j = waiting_on[r]
-            chain.append(f"rank {r} at action {i} ({s.actions[r][i]}) waits for {s.actions[q][j]} on rank {q}")
+            own, other = waiting_on[r]
+            _, i, a_txt = text(own)
+            q, _, b_txt = text(other)
+            chain.append(f"rank {r} at action {i} ({a_txt}) waits for {b_txt} on rank {q}")
             r = q if pc[q] < len(comp.steps[q]) else None
         r0 = stuck[0]
-        i0 = waiting_on[r0][0] if waiting_on[r0] else comp.steps[r0][pc[r0]][1]
+        w = waiting_on[r0]
+        i0 = w[0] - off[r0] if w else comp.steps[r0][pc[r0]][1]
         _fail(
             s,
             r0,
@@ -546,7 +433,7 @@ def validate(s: Schedule) -> ScheduleCheck:
     _check_shape(s)
     peak, versions = inflight_and_versions(s)
     _check_complete(s)
-    comp = compile_schedule(s)
+    comp = s.compiled
     _check_deadlock(s, comp)
     if max(versions) > s.weight_versions:
         r = versions.index(max(versions))
@@ -555,4 +442,4 @@ def validate(s: Schedule) -> ScheduleCheck:
             f"holds {versions[r]} weight versions, the schedule declares {s.weight_versions}",
             f"set weight_versions to {versions[r]}",
         )
-    return ScheduleCheck(peak, versions, tuple(sum(1 for st in row if st[0] == STEP_P2P) for row in comp.steps))
+    return ScheduleCheck(peak, versions, comp.p2p_batches_by_rank())

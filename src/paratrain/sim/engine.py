@@ -7,6 +7,9 @@ starting once both ends are posted and taking the link time between the two rank
 locations; a gradient reduction is launched (non-blocking) on the rank's communication stream and
 the next optimizer step waits for it. Ranks advance until they block on a partner that has not
 posted yet and are woken when it does, so the cost is O(actions) with plain lists and a deque.
+Which receive matches which send and which reductions run together come from the schedule's
+compiled form (:mod:`paratrain.schedule.compiled`, built once per schedule object); a run binds
+the durations to its steps (:func:`_program`) and executes them (:class:`_Execution`).
 
 Durations come from a :class:`Timing` (per chunk, per p2p transfer, per reduction, per optimizer
 step), built from the cost model by :func:`paratrain.sim.report.timing_for_config` or uniform by
@@ -20,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paratrain.errors import ConfigError
-from paratrain.schedule.ir import P2P_KINDS, ActionKind, Schedule
-from paratrain.trace import TraceEvent
+from paratrain.schedule.compiled import STEP_COMPUTE, STEP_P2P, STEP_REDUCE, STEP_STEP, Compiled
+from paratrain.schedule.ir import Action, ActionKind, Schedule
+from paratrain.trace import TraceEvent, category_of
 
 __all__ = ["Timing", "TraceEvent", "CommRecord", "SimRun", "run_schedule", "uniform_timing"]
 
@@ -112,9 +116,6 @@ class SimRun:
     actions: int
 
 
-_CATEGORY = {K.FORWARD: "forward", K.BACKWARD: "backward", K.BACKWARD_INPUT: "input", K.BACKWARD_WEIGHT: "weight"}
-
-
 def run_schedule(
     schedule: Schedule,
     timing: Timing,
@@ -136,15 +137,32 @@ def run_schedule(
     optimizer step (after all its backward work), instead of when the ``R`` action is reached.
     ``record=False`` skips the trace events and the per-operation communication log.
     """
-    p = schedule.stages
-    acts = schedule.actions
+    comp = schedule.compiled  # matched sends/receives and reduction groups, built once per schedule
+    program = _program(schedule, comp, timing)
+    ex = _Execution(schedule, comp, timing, overlap_grad_reduce, record)
+    ex.run(program, eager=not blocking_sends)
+    ex.raise_if_stuck(program)
+    return SimRun(
+        finish_s=tuple(ex.clock),
+        busy_s=tuple(ex.busy),
+        events=tuple(ex.events),
+        comm_log=tuple(ex.log),
+        comm_time_by_kind=_comm_time_by_kind(schedule, timing, ex.p2p_total, ex.red_total),
+        batch_end_s=tuple(tuple(x) for x in ex.batch_end),
+        actions=comp.total,
+    )
+
+
+# Step kinds of a program, each step a tuple (kind, value, global action index, extra):
+# compute (value: duration; extra: the batch a B/W of the batch's last micro-batch ends, else -1),
+# p2p batch (value: per operation (global index, partner's index, transfer time, is a send)),
+# gradient reduction (value: its duration), optimizer step (value: its duration).
+_COMPUTE, _P2P, _REDUCE, _STEP = range(4)
+
+
+def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tuple]]:
+    """Per rank, the compiled steps with ``timing``'s durations bound to them."""
     m_per = schedule.microbatches
-    off = []
-    total = 0
-    for row in acts:
-        off.append(total)
-        total += len(row)
-    rank_of_g = [r for r, row in enumerate(acts) for _ in row]
     dur_of = {
         K.FORWARD: timing.forward_s,
         K.BACKWARD: timing.backward_s,
@@ -152,284 +170,257 @@ def run_schedule(
         K.BACKWARD_WEIGHT: timing.weight_s,
     }
     ends_batch = (K.BACKWARD, K.BACKWARD_WEIGHT)
-    p2p, sends = P2P_KINDS, (K.SEND_ACT, K.SEND_GRAD)
-    # --- pass 1: steps per rank, p2p queues per ordered pair, reductions per group ----------------
-    steps: list[list[tuple]] = []
-    sendq: dict[tuple[int, int], list[int]] = {}
-    recvq: dict[tuple[int, int], list[int]] = {}
-    groups_of_chunk = [tuple(sorted({row[c] for row in schedule.placement})) for c in range(schedule.num_chunks)]
-    reds: dict[tuple[int, ...], dict[int, list[int]]] = {}
-    for r, row in enumerate(acts):
-        o = off[r]
+    sends = (K.SEND_ACT, K.SEND_GRAD)
+    p2p_s, action_s, partner = timing.p2p_s, timing.action_s, comp.partner
+    program: list[list[tuple]] = []
+    for r, row in enumerate(schedule.actions):
+        o = comp.offsets[r]
         out: list[tuple] = []
-        i, n = 0, len(row)
-        while i < n:
+        for kind, i, j in comp.steps[r]:
             a = row[i]
-            k = a.kind
-            d = dur_of.get(k)
-            if d is not None:
+            if kind == STEP_COMPUTE:
+                k = a.kind
                 mb = a.microbatch
                 bidx = mb // m_per if k in ends_batch and mb % m_per == m_per - 1 else -1
-                v = timing.action_s(r, i) if timing.action_s is not None else None
-                out.append((0, d[a.chunk] if v is None else v, o + i, bidx))
-                i += 1
-                continue
-            if k in p2p:
-                j = i
+                v = action_s(r, i) if action_s is not None else None
+                out.append((_COMPUTE, dur_of[k][a.chunk] if v is None else v, o + i, bidx))
+            elif kind == STEP_P2P:
                 ops = []
-                while j < n and row[j].kind in p2p:
-                    b = row[j]
+                for h in range(i, j):
+                    b = row[h]
                     if b.kind in sends:
-                        sendq.setdefault((r, b.peer), []).append(o + j)
-                    else:
-                        recvq.setdefault((b.peer, r), []).append(o + j)
-                    ops.append(o + j)
-                    j += 1
-                out.append((1, ops, o + i, 0))
-                i = j
-                continue
-            if k is K.REDUCE_GRAD:
-                reds.setdefault(groups_of_chunk[a.chunk], {}).setdefault(r, []).append(o + i)
-                out.append((2, timing.reduce_s[a.chunk], o + i, 0))
-            elif k is K.OPTIMIZER_STEP:
-                v = timing.action_s(r, i) if timing.action_s is not None else None
-                out.append((3, timing.optimizer_s[r] if v is None else v, o + i, 0))
+                        ops.append((o + h, partner[o + h], p2p_s(r, b.peer, b.chunk), True))
+                    else:  # timed like its send: from the peer's chunk (c-1 for an activation, c+1 for a gradient)
+                        c = b.chunk - 1 if b.kind is K.RECV_ACT else b.chunk + 1
+                        ops.append((o + h, partner[o + h], p2p_s(b.peer, r, c), False))
+                out.append((_P2P, tuple(ops), o + i, 0))
+            elif kind == STEP_REDUCE:
+                out.append((_REDUCE, timing.reduce_s[a.chunk], o + i, 0))
+            elif kind == STEP_STEP:
+                v = action_s(r, i) if action_s is not None else None
+                out.append((_STEP, timing.optimizer_s[r] if v is None else v, o + i, 0))
             else:  # filler work
-                out.append((0, a.duration_s or 0.0, o + i, -1))
-            i += 1
-        steps.append(out)
-    # --- pass 2: match p2p FIFO per pair, time transfers, match reductions ------------------------
-    partner = [-1] * total
-    xfer = [0.0] * total
-    is_send = [False] * total
-    p2p_s = timing.p2p_s
-    for (src, dst), sl in sendq.items():
-        rl = recvq.get((src, dst), ())
-        if len(rl) != len(sl):
+                out.append((_COMPUTE, a.duration_s or 0.0, o + i, -1))
+        program.append(out)
+    return program
+
+
+class _Execution:
+    """State of one run: per rank its clock, position and busy time; per action the time it was
+    posted (-1: not yet); who waits on which action; reductions in flight per rank."""
+
+    def __init__(
+        self, schedule: Schedule, comp: Compiled, timing: Timing, overlap_grad_reduce: bool, record: bool
+    ) -> None:
+        p = schedule.stages
+        self.schedule, self.comp, self.timing = schedule, comp, timing
+        self.overlap, self.record = overlap_grad_reduce, record
+        self.post = [-1.0] * comp.total
+        self.clock = [0.0] * p
+        self.busy = [0.0] * p
+        self.pc = [0] * p
+        self.pending: list[list[int]] = [[] for _ in range(p)]  # reductions launched since the last step
+        self.comm_free = [0.0] * p  # when each rank's communication stream is free
+        self.red_finish: dict[int, float] = {}  # by the first member's global index
+        self.waiters: dict[int, list[int]] = {}
+        self.runnable = deque(range(p))
+        self.events: list[TraceEvent] = []
+        self.log: list[CommRecord] = []
+        self.p2p_total = 0.0
+        self.red_total = 0.0
+        self.batch_end = [[0.0] * schedule.iterations for _ in range(p)]
+        self.step_members = comp.step_members if timing.step_allreduce_s is not None else {}
+        self.tp_share = tuple(x / 2 for x in timing.tp_comm_s)  # tp_comm_s covers one forward and one backward
+
+    def _post(self, g: int, t: float) -> None:
+        """Action ``g`` is posted at ``t``: wake the ranks waiting for it."""
+        self.post[g] = t
+        w = self.waiters.pop(g, None)
+        if w:
+            self.runnable.extend(w)
+
+    def run(self, program: list[list[tuple]], eager: bool) -> None:
+        """Advance ranks until every one has finished or blocks on a partner that is never posted.
+        A rank runs until it blocks and is woken when the action it waits for is posted, so each
+        step is executed once (the cost is O(actions)); compute and p2p steps, nearly all of them,
+        are handled inline."""
+        post, waiters, runnable = self.post, self.waiters, self.runnable
+        record, batch_end = self.record, self.batch_end
+        while runnable:
+            r = runnable.popleft()
+            st = program[r]
+            t, i, n = self.clock[r], self.pc[r], len(st)
+            bz = 0.0
+            while i < n:
+                kind, val, g, extra = st[i]
+                if kind == _COMPUTE:
+                    if record:
+                        self._record_compute(r, g, t, val)
+                    t += val
+                    bz += val
+                    if extra >= 0:
+                        batch_end[r][extra] = t
+                elif kind == _P2P:
+                    if post[g] < 0:
+                        for h, _, _, _ in val:
+                            post[h] = t
+                            w = waiters.pop(h, None)
+                            if w:
+                                runnable.extend(w)
+                    done = t
+                    blocked = False
+                    for _h, ph, x, snd in val:
+                        if snd and eager:
+                            continue  # eager send: the rank does not wait for it
+                        pt = post[ph]
+                        if pt < 0:
+                            waiters.setdefault(ph, []).append(r)
+                            blocked = True
+                            break
+                        e = (t if t > pt else pt) + x
+                        if e > done:
+                            done = e
+                    if blocked:
+                        break
+                    for h, ph, x, snd in val:
+                        if not snd:
+                            self.p2p_total += x
+                            if record:
+                                self._record_receive(r, h, ph, t, x)
+                    t = done
+                elif kind == _REDUCE:
+                    self.pending[r].append(g)
+                    if self.overlap:
+                        self._post(g, t)
+                else:
+                    ready = self._optimizer_step(r, g, t)
+                    if ready is None:
+                        break
+                    t = ready
+                    if record and val > 0:
+                        self.events.append(TraceEvent(r, "compute", "U", t, val, "optimizer"))
+                    t += val
+                    bz += val
+                i += 1
+            self.clock[r], self.pc[r] = t, i
+            self.busy[r] += bz
+
+    def _optimizer_step(self, r: int, g: int, t: float) -> float | None:
+        """When rank ``r``'s optimizer step (action ``g``, reached at ``t``) can start: after every
+        reduction it launched since its last step (and, with global-norm clipping, after the
+        gradient-norm all-reduce over all ranks); None if a group member has not posted yet."""
+        post, pending = self.post, self.pending[r]
+        members_of = self.comp.reduce_members
+        if not self.overlap:
+            for h in pending:
+                if post[h] < 0:
+                    self._post(h, t)
+        for h in pending:
+            for m in members_of.get(h, (h,)):
+                if post[m] < 0:
+                    self.waiters.setdefault(m, []).append(r)
+                    return None
+        ready = t
+        for h in pending:
+            fin = self._reduction_finish(r, h)
+            if fin > ready:
+                ready = fin
+        sync = self.step_members.get(g)
+        if sync is not None:
+            # the gradient-norm all-reduce: every rank's matching step must be ready first
+            if post[g] < 0:
+                self._post(g, ready)
+            for m in sync:
+                if post[m] < 0:
+                    self.waiters.setdefault(m, []).append(r)
+                    return None
+            step_s = self.timing.step_allreduce_s
+            assert step_s is not None
+            start = max(post[m] for m in sync)
+            done = start + step_s
+            if self.record:
+                grank = self.timing.global_rank
+                if g == sync[0]:
+                    group = tuple(grank(q) for q in range(self.schedule.stages))
+                    self.log.append(CommRecord("all_reduce", 4, group, start, step_s))
+                if done > ready:
+                    self.events.append(TraceEvent(r, "comm", "allreduce(grad norm)", ready, done - ready, "reduce"))
+            ready = done
+        pending.clear()
+        return ready
+
+    def _reduction_finish(self, r: int, h: int) -> float:
+        """Finish time of the reduction ``h`` (all members posted): it starts when the last member
+        posted it and every member's communication stream is free; computed once per group."""
+        ms = self.comp.reduce_members.get(h, (h,))
+        fin = self.red_finish.get(ms[0])
+        if fin is not None:
+            return fin
+        timing, comp = self.timing, self.comp
+        rs = [comp.rank_of[m] for m in ms]
+        c = self._action(h).chunk
+        dur = timing.reduce_s[c]
+        start = max(max(self.post[m] for m in ms), max(self.comm_free[q] for q in rs))
+        fin = self.red_finish[ms[0]] = start + dur
+        for q in rs:
+            self.comm_free[q] = fin
+        self.red_total += dur
+        if self.record and (dur > 0 or timing.reduce_groups):
+            grank = timing.global_rank
+            group = timing.reduce_groups[c] if timing.reduce_groups else tuple(grank(q) for q in rs)
+            nb = timing.reduce_bytes[c] if timing.reduce_bytes else None
+            self.log.append(CommRecord(timing.reduce_kind, nb, group, start, dur))
+            if dur > 0:
+                for q in rs:
+                    self.events.append(TraceEvent(q, "comm", f"R@c{c}", start, dur, "reduce"))
+        return fin
+
+    def _action(self, g: int) -> Action:
+        r = self.comp.rank_of[g]
+        return self.schedule.actions[r][g - self.comp.offsets[r]]
+
+    def _record_compute(self, r: int, g: int, t: float, val: float) -> None:
+        a = self._action(g)
+        if self.tp_share and a.kind is not K.BACKWARD_WEIGHT and a.chunk is not None:
+            # the tensor-parallel collectives inside the action (their time is part of val)
+            x = self.tp_share[a.chunk]
+            if x > 0:
+                tp_groups = self.timing.tp_groups
+                group = tp_groups[r] if tp_groups else (self.timing.global_rank(r),)
+                self.log.append(CommRecord("tp", None, group, t, x))
+        self.events.append(TraceEvent(r, "compute", str(a), t, val, category_of(a.kind), a.microbatch))
+
+    def _record_receive(self, r: int, h: int, ph: int, t: float, x: float) -> None:
+        """A transfer, logged on the receiving rank: from when both ends are posted, ``x`` long."""
+        timing = self.timing
+        a = self._action(h)
+        s0 = max(t, self.post[ph])
+        nbytes = timing.p2p_bytes[a.chunk] if timing.p2p_bytes else None
+        self.log.append(CommRecord("p2p", nbytes, (timing.global_rank(self.comp.rank_of[ph]), timing.global_rank(r)),
+                                   s0, x))
+        if x > 0:
+            self.events.append(TraceEvent(r, "comm", str(a), s0, x, "p2p", a.microbatch))
+
+    def raise_if_stuck(self, program: list[list[tuple]]) -> None:
+        stuck = [r for r in range(self.schedule.stages) if self.pc[r] < len(program[r])]
+        if stuck:
+            r = stuck[0]
+            a = program[r][self.pc[r]][2] - self.comp.offsets[r]
             raise ConfigError(
-                f"schedule ranks {src}->{dst}",
-                f"{len(sl)} sends but {len(rl)} receives",
-                "validate the schedule (paratrain.schedule.validate) for the offending action",
+                f"schedule rank {r} action {a} ({self.schedule.actions[r][a]})",
+                "deadlock: the rank never gets past this action",
+                "run paratrain.schedule.validate on the schedule for the full wait chain",
             )
-        o = off[src]
-        row = acts[src]
-        for gs, gr in zip(sl, rl, strict=True):
-            partner[gs] = gr
-            partner[gr] = gs
-            is_send[gs] = True
-            x = p2p_s(src, dst, row[gs - o].chunk)
-            xfer[gs] = xfer[gr] = x
-    for (src, dst), rl in recvq.items():
-        if (src, dst) not in sendq:
-            raise ConfigError(
-                f"schedule ranks {src}->{dst}",
-                f"{len(rl)} receives without sends",
-                "validate the schedule (paratrain.schedule.validate) for the offending action",
-            )
-    members_of: dict[int, tuple[int, ...]] = {}
-    step_members: dict[int, tuple[int, ...]] = {}
-    if timing.step_allreduce_s is not None:
-        ups = [[off[r] + i for i, a in enumerate(row) if a.kind is K.OPTIMIZER_STEP] for r, row in enumerate(acts)]
-        for k_ in range(min(len(u) for u in ups)):
-            ms = tuple(u[k_] for u in ups)
-            for g in ms:
-                step_members[g] = ms
-    for members in reds.values():
-        ranks = sorted(members)
-        for t_ in range(min(len(v) for v in members.values())):
-            ms = tuple(members[q][t_] for q in ranks)
-            for g in ms:
-                members_of[g] = ms
-    for out in steps:
-        for idx, st in enumerate(out):
-            if st[0] == 1:
-                out[idx] = (1, tuple((g, partner[g], xfer[g], is_send[g]) for g in st[1]), st[2], 0)
-    # --- run ------------------------------------------------------------------------------------
-    post = [-1.0] * total
-    clock = [0.0] * p
-    busy = [0.0] * p
-    pc = [0] * p
-    pending: list[list[int]] = [[] for _ in range(p)]
-    comm_free = [0.0] * p
-    red_finish: dict[int, float] = {}
-    waiters: dict[int, list[int]] = {}
-    events: list[TraceEvent] = []
-    log: list[CommRecord] = []
-    p2p_total = 0.0
-    red_total = 0.0
-    batch_end = [[0.0] * schedule.iterations for _ in range(p)]
-    grank = timing.global_rank
-    tp_share = tuple(x / 2 for x in timing.tp_comm_s)  # tp_comm_s covers one forward and one backward
-    tp_groups = timing.tp_groups
-    eager = not blocking_sends
-    run = deque(range(p))
-    while run:
-        r = run.popleft()
-        st = steps[r]
-        t, i, n = clock[r], pc[r], len(st)
-        bz = 0.0
-        while i < n:
-            kind, val, g, extra = st[i]
-            if kind == 0:
-                if record:
-                    a = acts[r][g - off[r]]
-                    if tp_share and a.kind is not K.BACKWARD_WEIGHT and a.chunk is not None:
-                        # the tensor-parallel collectives inside the action (their time is part of val)
-                        x = tp_share[a.chunk]
-                        if x > 0:
-                            log.append(CommRecord("tp", None, tp_groups[r] if tp_groups else (grank(r),), t, x))
-                    events.append(
-                        TraceEvent(r, "compute", str(a), t, val, _CATEGORY.get(a.kind, "filler"), a.microbatch)
-                    )
-                t += val
-                bz += val
-                if extra >= 0:
-                    batch_end[r][extra] = t
-                i += 1
-                continue
-            if kind == 1:
-                if post[g] < 0:
-                    for h, _, _, _ in val:
-                        post[h] = t
-                        w = waiters.pop(h, None)
-                        if w:
-                            run.extend(w)
-                done = t
-                blocked = False
-                for _h, ph, x, snd in val:
-                    if snd and eager:
-                        continue  # eager send: the rank does not wait for it
-                    pt = post[ph]
-                    if pt < 0:
-                        waiters.setdefault(ph, []).append(r)
-                        blocked = True
-                        break
-                    e = (t if t > pt else pt) + x
-                    if e > done:
-                        done = e
-                if blocked:
-                    break
-                for h, ph, x, snd in val:
-                    if not snd:
-                        p2p_total += x
-                        if record:
-                            q = rank_of_g[ph]
-                            a = acts[r][h - off[r]]
-                            s0 = max(t, post[ph])
-                            nbytes = timing.p2p_bytes[a.chunk] if timing.p2p_bytes else None
-                            log.append(CommRecord("p2p", nbytes, (grank(q), grank(r)), s0, x))
-                            if x > 0:
-                                events.append(TraceEvent(r, "comm", str(a), s0, x, "p2p", a.microbatch))
-                t = done
-                i += 1
-                continue
-            if kind == 2:
-                pending[r].append(g)
-                if overlap_grad_reduce:
-                    post[g] = t
-                    w = waiters.pop(g, None)
-                    if w:
-                        run.extend(w)
-                i += 1
-                continue
-            # optimizer step: all reductions launched since the last step must finish first
-            if not overlap_grad_reduce:
-                for h in pending[r]:
-                    if post[h] < 0:
-                        post[h] = t
-                        w = waiters.pop(h, None)
-                        if w:
-                            run.extend(w)
-            blocked = False
-            for h in pending[r]:
-                for m in members_of.get(h, (h,)):
-                    if post[m] < 0:
-                        waiters.setdefault(m, []).append(r)
-                        blocked = True
-                        break
-                if blocked:
-                    break
-            if blocked:
-                break
-            ready = t
-            for h in pending[r]:
-                ms = members_of.get(h, (h,))
-                fin = red_finish.get(ms[0])
-                if fin is None:
-                    rs = [rank_of_g[m] for m in ms]
-                    a = acts[r][h - off[r]]
-                    dur = timing.reduce_s[a.chunk]
-                    start = max(max(post[m] for m in ms), max(comm_free[q] for q in rs))
-                    fin = red_finish[ms[0]] = start + dur
-                    for q in rs:
-                        comm_free[q] = fin
-                    red_total += dur
-                    if record and (dur > 0 or timing.reduce_groups):
-                        c = a.chunk
-                        group = timing.reduce_groups[c] if timing.reduce_groups else tuple(grank(q) for q in rs)
-                        nb = timing.reduce_bytes[c] if timing.reduce_bytes else None
-                        log.append(CommRecord(timing.reduce_kind, nb, group, start, dur))
-                        if dur > 0:
-                            for q in rs:
-                                events.append(TraceEvent(q, "comm", f"R@c{c}", start, dur, "reduce"))
-                if fin > ready:
-                    ready = fin
-            sync = step_members.get(g)
-            if sync is not None:
-                # the gradient-norm all-reduce: every rank's matching step must be ready first
-                if post[g] < 0:
-                    post[g] = ready
-                    w = waiters.pop(g, None)
-                    if w:
-                        run.extend(w)
-                for m in sync:
-                    if post[m] < 0:
-                        waiters.setdefault(m, []).append(r)
-                        blocked = True
-                        break
-                if blocked:
-                    break
-                start = max(post[m] for m in sync)
-                done = start + timing.step_allreduce_s
-                if record and g == sync[0]:
-                    log.append(CommRecord("all_reduce", 4, tuple(grank(q) for q in range(p)), start,
-                                          timing.step_allreduce_s))
-                if record and done > ready:
-                    events.append(TraceEvent(r, "comm", "allreduce(grad norm)", ready, done - ready, "reduce"))
-                ready = done
-            pending[r].clear()
-            t = ready
-            if record and val > 0:
-                events.append(TraceEvent(r, "compute", "U", t, val, "optimizer"))
-            t += val
-            bz += val
-            i += 1
-        clock[r], pc[r] = t, i
-        busy[r] += bz
-    stuck = [r for r in range(p) if pc[r] < len(steps[r])]
-    if stuck:
-        r = stuck[0]
-        a = steps[r][pc[r]][2] - off[r]
-        raise ConfigError(
-            f"schedule rank {r} action {a} ({acts[r][a]})",
-            "deadlock: the rank never gets past this action",
-            "run paratrain.schedule.validate on the schedule for the full wait chain",
-        )
+
+
+def _comm_time_by_kind(schedule: Schedule, timing: Timing, p2p_total: float, red_total: float) -> dict[str, float]:
     comm_kind = {"p2p": p2p_total, timing.reduce_kind: red_total}
     if timing.tp_comm_s:
         # tp_comm_s covers one forward and one backward of a micro-batch: half to each
         tp = 0.0
-        for row in acts:
+        for row in schedule.actions:
             for a in row:
                 if a.kind is K.FORWARD or a.kind is K.BACKWARD or a.kind is K.BACKWARD_INPUT:
                     tp += timing.tp_comm_s[a.chunk] / 2
         comm_kind["tp"] = tp
-    return SimRun(
-        finish_s=tuple(clock),
-        busy_s=tuple(busy),
-        events=tuple(events),
-        comm_log=tuple(log),
-        comm_time_by_kind=comm_kind,
-        batch_end_s=tuple(tuple(x) for x in batch_end),
-        actions=total,
-    )
+    return comm_kind
