@@ -26,3 +26,17 @@ def test_console_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "paratrain", "presets", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["models"]["gpt-tiny"]["vocab"] == 256
+
+
+def test_preset_names_are_never_cut(run_cli):
+    """Piped (rich's 80 columns) the tables keep their natural width: every name in full."""
+    from paratrain.spec.cluster_presets import CLUSTER_PRESETS
+    from paratrain.spec.device_presets import DEVICE_PRESETS
+    from paratrain.spec.model_presets import MODEL_PRESETS
+
+    code, out, _ = run_cli("presets")
+    assert code == 0
+    assert "…" not in out
+    cells = {c.strip() for line in out.splitlines() for c in line.split("│")}
+    for name in [*MODEL_PRESETS, *DEVICE_PRESETS, *CLUSTER_PRESETS]:
+        assert name in cells, name

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from paratrain.cli.calibrate import device_from_measurement
+from paratrain.runtime.calibrate import device_from_measurement
 from paratrain.spec.device import DeviceSpec, cpu_calibration_path, resolve_device
 from paratrain.spec.device_presets import DEVICE_PRESETS
 
@@ -41,8 +41,8 @@ def test_calibrate_command_writes_the_cpu_device(run_cli, tmp_path, monkeypatch)
 
 
 def test_duration_variation_is_measured_and_stored(tmp_path, monkeypatch) -> None:
-    from paratrain.cli.calibrate import measure_variation
     from paratrain.errors import ConfigError
+    from paratrain.runtime.calibrate import measure_variation
 
     cv = measure_variation(budget_s=0.2)
     assert 0 <= cv < 1
@@ -96,7 +96,7 @@ def test_measurement_stops_at_its_deadline() -> None:
     deadline each measurement takes one warm-up and one timed call, whatever the load."""
     import time
 
-    from paratrain.cli.calibrate import _best_time
+    from paratrain.runtime.calibrate import _best_time
 
     calls = []
     t = _best_time(lambda: calls.append(1), repeats=1000, deadline=time.perf_counter() - 1)
@@ -106,14 +106,16 @@ def test_measurement_stops_at_its_deadline() -> None:
     assert len(calls) == 6
 
 
-def test_unwritable_out_is_one_line_error(run_cli, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("procs", ["1", "2"])
+def test_unwritable_out_fails_before_measuring(run_cli, tmp_path, monkeypatch, procs) -> None:
+    """An output path that cannot be written is one error line, and nothing is measured first."""
     from tests.conftest import assert_one_line_error
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
-    monkeypatch.setattr("paratrain.cli.calibrate.measure_cpu", lambda: {
-        "gemm_flops_by_size": {256: 1e9}, "peak_fp32_flops": 1e9, "memory_bandwidth_Bps": 1e9,
-        "kernel_overhead_s": 1e-6, "threads": 1})
-    code, _, err = run_cli("calibrate", "--out", str(blocker / "cpu.json"))
+    measured = []
+    monkeypatch.setattr("paratrain.runtime.calibrate.measure_machine", lambda *a, **k: measured.append(a))
+    code, _, err = run_cli("calibrate", "--procs", procs, "--out", str(blocker / "cpu.json"))
     assert_one_line_error(code, err, "--out")
+    assert measured == []

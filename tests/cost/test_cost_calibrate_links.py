@@ -9,8 +9,9 @@ import time
 import pytest
 from tests.conftest import assert_one_line_error
 
-from paratrain.cli.calibrate import _mean_time, fit_alpha_beta
 from paratrain.cost.collectives import collective_time
+from paratrain.runtime.calibrate import _mean_time
+from paratrain.sim.fit_links import fit_alpha_beta
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path, cpu_links
 
@@ -97,7 +98,7 @@ def test_two_process_calibration_writes_device_and_links(run_cli, tmp_path, monk
 
 
 def test_elementwise_rate_sets_the_memory_efficiency() -> None:
-    from paratrain.cli.calibrate import device_from_measurement
+    from paratrain.runtime.calibrate import device_from_measurement
 
     m = {"peak_fp32_flops": 80e9, "memory_bandwidth_Bps": 12e9, "kernel_overhead_s": 3e-6, "threads": 1,
          "elementwise_Bps": 3e9}
@@ -105,3 +106,29 @@ def test_elementwise_rate_sets_the_memory_efficiency() -> None:
     assert device_from_measurement({**m, "elementwise_Bps": 20e9}).memory_efficiency == 1.0
     del m["elementwise_Bps"]
     assert device_from_measurement(m).memory_efficiency == 1.0
+
+
+def test_links_document_fits_the_ping_pong() -> None:
+    from paratrain.sim.fit_links import links_document
+
+    p2p = {n: 20e-6 + n / 4e9 for n in (4096, 65536, 1048576)}
+    doc = links_document(p2p, {4: 30e-6}, procs=2, threads=1)
+    assert doc["p2p_latency_s"] == pytest.approx(20e-6, rel=1e-9)
+    assert doc["p2p_bandwidth_Bps"] == pytest.approx(4e9, rel=1e-9)
+    assert doc["p2p_s_by_bytes"] == {str(n): t for n, t in p2p.items()}
+    assert doc["allreduce_s_by_bytes"] == {"4": 30e-6} and (doc["procs"], doc["threads"]) == (2, 1)
+
+
+def test_measurement_reports_progress_in_order(monkeypatch) -> None:
+    """Each measurement is announced before it runs, counted against the total the command's bar
+    is sized to."""
+    from paratrain.runtime import calibrate as cal
+
+    monkeypatch.setattr(cal, "measure_variation", lambda: 0.05)
+    seen: list[tuple[int, int, str]] = []
+    m = cal.measure_cpu(0.05, progress=lambda d, t, w: seen.append((d, t, w)))
+    assert [d for d, _, _ in seen] == list(range(cal.measurement_steps(1)))
+    assert {t for _, t, _ in seen} == {cal.measurement_steps(1)}
+    assert seen[0][2].startswith("fp32 GEMM") and seen[-1][2] == "duration variation"
+    assert m["duration_cv"] == 0.05 and m["peak_fp32_flops"] > 0
+    assert cal.measurement_steps(2) > cal.measurement_steps(1)

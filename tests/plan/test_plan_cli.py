@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from paratrain.cli import main
+from paratrain.data import VTRAIN_DIR
 
-VTRAIN = Path(__file__).resolve().parents[3] / "shared" / "perfmodel-groundtruth" / "vtrain"
+VTRAIN = VTRAIN_DIR  # the measured runs shipped with the package
 
 
 def _run(capsys, args: list[str]) -> tuple[int, str, str]:
@@ -171,6 +171,9 @@ def test_advise_shape(capsys):
         (["--gpus", "8", "--schedule", "bogus"], "--schedule"),
         (["--gpus", "8", "--sweep", "nodes=1,2"], "--sweep"),
         (["--gpus", "8", "--partition", "a,b"], "--partition"),
+        (["--gpus", "8", "--partition", "1,2"], "--partition: sums to 3"),  # a field error, named by its flag
+        (["--gpus", "8", "--virtual-stages", "2", "--schedule", "1f1b"], "--virtual-stages"),
+        (["--gpus", "8", "--mesh-order", "tp,dp"], "--mesh-order"),
     ],
 )
 def test_bad_input_one_line_exit_2(capsys, args, needle):
@@ -182,9 +185,34 @@ def test_bad_input_one_line_exit_2(capsys, args, needle):
 
 def test_model_fits_nowhere_exit_2(capsys):
     _fails(capsys, ["plan", "--model", "gpt3-175b", "--gpus", "8", "--global-batch", "64"], "GiB per GPU")
+    _fails(capsys, ["plan", "--model", "gpt3-175b", "--gpus", "8", "--global-batch", "64"], "--gpus: ")
 
 
-@pytest.mark.skipif(not VTRAIN.is_dir(), reason="the vTrain data ships in ../shared")
+def test_parallel_flags_are_declared_once():
+    """plan, simulate and cost take the parallel-layout flags from one declaration: same names,
+    same help, same types."""
+    import typer
+
+    from paratrain.cli import app
+    from paratrain.cli.options import FIELD_FLAGS
+
+    root = typer.main.get_command(app)
+
+    def options(name: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]]:
+        params = root.commands[name].params  # type: ignore[attr-defined]
+        return {p.name: (tuple(p.opts), tuple(p.secondary_opts), p.help) for p in params}
+
+    plan_, sim, cost = options("plan"), options("simulate"), options("cost")
+    layout = ["dp", "tp", "pp", "microbatch", "schedule", "virtual_stages", "recompute", "sequence_parallel",
+              "optimizer_sharding"]
+    for name in layout:
+        assert plan_[name] == sim[name], name
+        assert FIELD_FLAGS[name] in plan_[name][0]
+    for name in ("tp", "microbatch", "recompute", "sequence_parallel"):
+        assert cost[name] == plan_[name], name
+    assert plan_["global_batch"][0] == sim["global_batch"][0] == ("--global-batch", "-b")
+
+
 def test_validate_multi_node_runs(capsys, tmp_path):
     png = tmp_path / "v.png"
     # The first 8 runs (3.6B on 64 GPUs) keep the test fast; the README reports all 109.

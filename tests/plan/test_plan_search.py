@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig, ScheduleName
+from paratrain.parallel.config import ScheduleName
+from paratrain.plan.backend import PlanCache
 from paratrain.plan.search import evaluate, plan
 from paratrain.plan.space import Pins, Rejections, layouts, microbatches, schedule_rule_ok, variants
 from paratrain.spec.cluster import resolve_cluster
@@ -23,12 +24,12 @@ def _exhaustive(backend, model, cluster, batch, pins=Pins()):
     cap = cluster.device.memory_bytes
     best = None
     for lay in layouts(model, cluster, batch, pins, Rejections()):
-        for kw in variants(model, batch, lay, pins):
+        for variant in variants(model, batch, lay, pins):
             for mb in microbatches(batch, lay, pins, Rejections()):
                 m = batch // (lay.dp * mb)
-                if not schedule_rule_ok(kw["schedule"], lay.pp, kw["virtual_stages"], m):
+                if not schedule_rule_ok(variant.schedule, lay.pp, variant.virtual_stages, m):
                     continue
-                cfg = ParallelConfig(**kw, microbatch=mb)
+                cfg = dataclasses.replace(variant, microbatch=mb)
                 if model.layers % cfg.num_chunks:
                     cfg = dataclasses.replace(cfg, partition=cfg.layers_per_chunk(model.layers))
                 cand = evaluate(model, cluster, cfg, backend, 1.0)
@@ -42,7 +43,7 @@ def _exhaustive(backend, model, cluster, batch, pins=Pins()):
 def test_pruned_search_finds_the_exhaustive_optimum(fake_backend):
     no_sim = dataclasses.replace(fake_backend, simulate=None)
     res = plan(MODEL, CLUSTER, 256, backend=no_sim, refine=1, confirm=1, top=1)
-    want = _exhaustive(dataclasses.replace(no_sim, cache={}), MODEL, CLUSTER, 256)
+    want = _exhaustive(dataclasses.replace(no_sim, cache=PlanCache()), MODEL, CLUSTER, 256)
     assert res.winner.analytic.iteration_time_s <= want.analytic.iteration_time_s * (1 + 1e-12)
     assert res.rejected.get("slower_than_top", 0) > 0  # the bound did prune
 
@@ -109,15 +110,16 @@ def test_balanced_partition_lightens_the_end_stages(fake_backend):
         MODEL,
         CLUSTER,
         dataclasses.replace(res.winner.config, partition=None),
-        dataclasses.replace(backend, cache={}),
+        dataclasses.replace(backend, cache=PlanCache()),
         1.0,
     )
     assert res.winner.analytic.iteration_time_s < even.analytic.iteration_time_s
 
 
 def test_batch_no_layout_divides(fake_backend):
-    with pytest.raises(ConfigError, match="global-batch"):
+    with pytest.raises(ConfigError) as err:
         plan(MODEL, CLUSTER, 7, pins=Pins(dp=32), backend=fake_backend)
+    assert err.value.field == "global_batch"
 
 
 def test_model_fits_nowhere_names_the_memory_and_gpu_count():
@@ -133,17 +135,18 @@ def test_model_fits_nowhere_names_the_memory_and_gpu_count():
 
 
 def test_pin_not_dividing_the_gpus(fake_backend):
-    with pytest.raises(ConfigError, match="--tp"):
+    with pytest.raises(ConfigError) as err:
         plan(MODEL, CLUSTER, 256, pins=Pins(tp=3), backend=fake_backend)
+    assert err.value.field == "tp" and "tp(3) does not divide" in err.value.problem
 
 
 def test_pinned_partition_is_used_where_it_fits(fake_backend):
     res = plan(MODEL, CLUSTER, 256, pins=Pins(pp=2, partition=(13, 11)), backend=fake_backend)
     assert all(c.config.partition == (13, 11) and c.config.num_chunks == 2 for c in res.ranked)
     assert res.rejected.get("partition_mismatch", 0) > 0
-    with pytest.raises(ConfigError, match="--partition"):
+    with pytest.raises(ConfigError, match="^partition: sums to 25"):
         plan(MODEL, CLUSTER, 256, pins=Pins(partition=(13, 12)), backend=fake_backend)
-    with pytest.raises(ConfigError, match="--partition"):
+    with pytest.raises(ConfigError, match="^partition: no candidate"):
         plan(
             MODEL,
             CLUSTER,
@@ -160,8 +163,8 @@ def test_sweep_records_points_that_fail(fake_backend):
     assert (var, values) == ("batch", [256, 7])
     points = sweep(MODEL, CLUSTER, 256, var, values, plan, pins=Pins(dp=32), backend=fake_backend)
     assert points[0].result is not None and points[0].result.winner.config.global_batch == 256
-    assert points[1].result is None and "global-batch" in points[1].error
-    with pytest.raises(ConfigError, match="--sweep"):
+    assert points[1].result is None and points[1].error is not None and points[1].error.field == "global_batch"
+    with pytest.raises(ConfigError, match="^sweep:"):
         parse_sweep("gpus=")
 
 

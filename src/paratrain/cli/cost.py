@@ -24,9 +24,15 @@ from paratrain.cli.options import (
     JsonOpt,
     KvHeadsOpt,
     LayersOpt,
+    MicrobatchOpt,
     ModelOpt,
+    RecomputeOpt,
     SeqOpt,
+    SequenceParallelOpt,
+    TpOpt,
     VocabOpt,
+    flag_errors,
+    parallel_from_opts,
     print_json,
     resolve_model_opts,
 )
@@ -45,18 +51,14 @@ from paratrain.cost.compute import (
 from paratrain.cost.memory import activation_bytes_per_layer
 from paratrain.cost.stage import chunk_costs, layer_params_per_rank
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig, Recompute
 from paratrain.spec.cluster import ClusterSpec, resolve_cluster
 from paratrain.spec.device import DeviceSpec, resolve_device
 
 __all__ = ["register", "cost"]
 
-_P = "Placement"
-
-
 def register(app: typer.Typer) -> None:
     app.command("cost", help="Per-operator FLOPs, bytes and time of a transformer layer; totals per layer and model.")(
-        cost
+        flag_errors(cost)
     )
 
 
@@ -94,16 +96,10 @@ def cost(
     cluster: Annotated[
         str | None, typer.Option("--cluster", "-c", help="Cluster whose links time TP collectives (default: DGX node).")
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_P)] = 1,
-    microbatch: Annotated[
-        int, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)
-    ] = 1,
-    recompute: Annotated[
-        str, typer.Option("--recompute", help="Activation recomputation: none|selective|full.", rich_help_panel=_P)
-    ] = "none",
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel", help="Shard norms/dropout along the sequence.", rich_help_panel=_P)
-    ] = False,
+    tp: TpOpt = None,
+    microbatch: MicrobatchOpt = None,
+    recompute: RecomputeOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Training dtype (default: the model's).")] = None,
     fused: Annotated[bool, typer.Option("--fused", help="Model fused element-wise kernels.")] = False,
     json_out: JsonOpt = False,
@@ -113,15 +109,14 @@ def cost(
     dt = dtype or spec.dtype
     if dt not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
         raise ConfigError("--dtype", f"unknown dtype {dt!r}", "use one of: fp32, tf32, bf16, fp16, fp8")
-    try:
-        rc = Recompute(recompute.lower())
-    except ValueError:
-        raise ConfigError("--recompute", f"unknown value {recompute!r}", "use none, selective or full") from None
-    for flag, v in (("--tp", tp), ("--microbatch", microbatch)):
-        if v <= 0:
-            raise ConfigError(flag, f"must be positive, got {v}", f"set {flag} to at least 1")
-    config = ParallelConfig(tp=tp, microbatch=microbatch, recompute=rc, sequence_parallel=sequence_parallel, dtype=dt)
+    config = parallel_from_opts(
+        tp=tp, microbatch=microbatch, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dt
+    )
     config.validate_for(spec)
+    # One TP rank of one micro-batch: the flags as given (sequence parallelism is reported as asked
+    # even where tp = 1 makes it a no-op).
+    tp, microbatch, rc = config.tp, config.microbatch, config.recompute
+    sequence_parallel = bool(sequence_parallel)
     clus = _cluster_for(dev, cluster, tp)
     (chunk,) = chunk_costs(spec, clus, config, fused=fused)
     kw = dict(tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dt)

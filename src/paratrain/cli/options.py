@@ -3,12 +3,15 @@ functions that turn them into specs. Every command spells these flags the same w
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
+from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.cluster import ClusterSpec, resolve_cluster
 from paratrain.spec.device import DeviceSpec, resolve_device
@@ -28,6 +31,24 @@ __all__ = [
     "NodesOpt",
     "GpusOpt",
     "JsonOpt",
+    "DpOpt",
+    "TpOpt",
+    "PpOpt",
+    "MicrobatchOpt",
+    "GlobalBatchOpt",
+    "ScheduleOpt",
+    "VirtualStagesOpt",
+    "RecomputeOpt",
+    "SequenceParallelOpt",
+    "OptimizerShardingOpt",
+    "MeshOrderOpt",
+    "PartitionOpt",
+    "FIELD_FLAGS",
+    "as_flag_error",
+    "flag_errors",
+    "parallel_from_opts",
+    "parse_ints",
+    "parse_mesh_order",
     "resolve_model_opts",
     "resolve_cluster_opts",
     "print_json",
@@ -73,6 +94,106 @@ CalibrationOpt = Annotated[
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
+# The parallel layout, declared once for every command that takes one (None: not given).
+_P = "Parallel layout"
+DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree.", rich_help_panel=_P)]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_P)]
+PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)]
+MicrobatchOpt = Annotated[
+    int | None, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)
+]
+GlobalBatchOpt = Annotated[
+    int | None, typer.Option("--global-batch", "-b", help="Global batch (samples per iteration).", rich_help_panel=_P)
+]
+ScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--schedule",
+        "-s",
+        help="Pipeline schedule: gpipe, 1f1b, interleaved, chimera, pipedream, 2bw, zb-h1.",
+        rich_help_panel=_P,
+    ),
+]
+VirtualStagesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--virtual-stages", help="Model chunks per pipeline rank (interleaved; default 2 there).", rich_help_panel=_P
+    ),
+]
+RecomputeOpt = Annotated[
+    str | None,
+    typer.Option("--recompute", help="Activation recomputation: none, selective or full.", rich_help_panel=_P),
+]
+SequenceParallelOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="Megatron sequence parallelism: norms and dropout split along the sequence over tp.",
+        rich_help_panel=_P,
+    ),
+]
+OptimizerShardingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--optimizer-sharding/--no-optimizer-sharding",
+        help="Shard the optimizer state over dp (the cost model charges ZeRO-1; train runs FSDP2).",
+        rich_help_panel=_P,
+    ),
+]
+MeshOrderOpt = Annotated[
+    str | None,
+    typer.Option("--mesh-order", help="Mesh axes outermost first, e.g. pp,dp,tp.", rich_help_panel=_P),
+]
+PartitionOpt = Annotated[
+    str | None, typer.Option("--partition", help="Layers per chunk, e.g. 13,12,12,11.", rich_help_panel=_P)
+]
+
+# The flag that sets each field the library names in a ConfigError.
+FIELD_FLAGS: dict[str, str] = {
+    "dp": "--dp",
+    "tp": "--tp",
+    "pp": "--pp",
+    "microbatch": "--microbatch",
+    "global_batch": "--global-batch",
+    "schedule": "--schedule",
+    "virtual_stages": "--virtual-stages",
+    "recompute": "--recompute",
+    "sequence_parallel": "--sequence-parallel",
+    "optimizer_sharding": "--optimizer-sharding",
+    "mesh_order": "--mesh-order",
+    "partition": "--partition",
+    "cluster.gpus": "--gpus",
+    "cluster.nodes": "--nodes",
+    "sweep": "--sweep",
+    # the schedule generators' names
+    "stages": "--pp",
+    "microbatches": "--global-batch (micro-batches = global batch / (dp*microbatch))",
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def as_flag_error(err: ConfigError) -> ConfigError:
+    """``err`` with its field renamed to the flag that sets it (as is when no flag does)."""
+    flag = FIELD_FLAGS.get(err.field)
+    return err if flag is None else ConfigError(flag, err.problem, err.fix)
+
+
+def flag_errors(command: _F) -> _F:
+    """``command`` whose ConfigErrors name this CLI's flags instead of the library's fields."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except ConfigError as e:
+            renamed = as_flag_error(e)
+            if renamed is e:
+                raise
+            raise renamed from None
+
+    return cast(_F, run)
+
 
 def resolve_model_opts(
     model: str,
@@ -112,8 +233,58 @@ def resolve_device_opt(device: str) -> DeviceSpec:
     return resolve_device(device, "--device")
 
 
-def parallel_from_opts(base: ParallelConfig | None = None, **kw: Any) -> ParallelConfig:
-    """A ParallelConfig from CLI flags (``None`` = not given), on top of ``base`` if any."""
+def parse_ints(flag: str, text: str | None) -> tuple[int, ...] | None:
+    """``"13,12,12,11"`` → ``(13, 12, 12, 11)``; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(flag, f"{text!r} is not a comma-separated list of integers", "e.g. 13,12,12,11") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ConfigError(flag, f"{text!r} must list positive integers", "e.g. 13,12,12,11")
+    return vals
+
+
+def parse_mesh_order(text: str | None) -> tuple[str, ...] | None:
+    """``"pp,dp,tp"`` → ``("pp", "dp", "tp")``; ``None`` or empty: not given."""
+    return tuple(a.strip() for a in text.split(",")) if text else None
+
+
+def parallel_from_opts(
+    base: ParallelConfig | None = None,
+    *,
+    dp: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    microbatch: int | None = None,
+    global_batch: int | None = None,
+    schedule: str | None = None,
+    virtual_stages: int | None = None,
+    recompute: str | None = None,
+    sequence_parallel: bool | None = None,
+    optimizer_sharding: bool | None = None,
+    mesh_order: str | None = None,
+    partition: str | None = None,
+    dtype: str | None = None,
+) -> ParallelConfig:
+    """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
+    if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
+    kw: dict[str, Any] = dict(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        microbatch=microbatch,
+        global_batch=global_batch,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        optimizer_sharding=optimizer_sharding,
+        mesh_order=parse_mesh_order(mesh_order),
+        partition=parse_ints("--partition", partition),
+        dtype=dtype,
+    )
     given = {k: v for k, v in kw.items() if v is not None}
     if base is not None:
         return base.with_overrides(**given)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,50 +20,55 @@ from paratrain.cli.options import (
     CalibrationOpt,
     ClusterOpt,
     DeviceOpt,
+    DpOpt,
     FfnOpt,
+    GlobalBatchOpt,
     GpusOpt,
     HeadsOpt,
     HiddenOpt,
     JsonOpt,
     KvHeadsOpt,
     LayersOpt,
+    MeshOrderOpt,
+    MicrobatchOpt,
     ModelOpt,
     NodesOpt,
+    OptimizerShardingOpt,
+    PartitionOpt,
+    PpOpt,
+    RecomputeOpt,
+    ScheduleOpt,
     SeqOpt,
+    SequenceParallelOpt,
+    TpOpt,
+    VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
+    flag_errors,
+    parse_ints,
+    parse_mesh_order,
     print_json,
     resolve_cluster_opts,
     resolve_model_opts,
 )
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import Recompute, ScheduleName
+from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
 
-__all__ = ["register", "plan_command", "result_document", "candidate_row"]
+if TYPE_CHECKING:
+    from paratrain.plan.search import PlanResult
+    from paratrain.spec.cluster import ClusterSpec
+    from paratrain.spec.model import ModelSpec
 
-_P = "Pin (fix a dimension; the rest is searched)"
+__all__ = ["register", "plan_command"]
+
 _S = "Search"
-
-GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Global batch in samples (sequences).")]
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan", help="Find the fastest memory-feasible parallel configuration.")(plan_command)
+    app.command("plan", help="Find the fastest memory-feasible parallel configuration.")(flag_errors(plan_command))
     app.command("advise-shape", help="Nearby model shapes (same parameters ±1%) the GEMM model predicts faster.")(
-        advise_shape_command
+        flag_errors(advise_shape_command)
     )
-
-
-def _csv_ints(flag: str, text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(flag, f"{text!r} is not a comma-separated list of integers", "e.g. 13,12,12,11") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise ConfigError(flag, f"{text!r} must list positive integers", "e.g. 13,12,12,11")
-    return vals
 
 
 def _schedules(text: str | None) -> tuple[ScheduleName, ...] | None:
@@ -98,47 +103,27 @@ def _gib(x: float) -> str:
     return f"{x / 2**30:.1f}"
 
 
-def candidate_row(c: Any) -> dict[str, Any]:
-    """One ranked candidate as a JSON-ready mapping."""
-    m = c.metrics
-    return {
-        "parallel": c.config.to_dict(),
-        "source": c.source,
-        "iteration_time_s": m.iteration_time_s,
-        "tokens_per_s": m.tokens_per_s,
-        "samples_per_s": m.samples_per_s,
-        "tflops_per_gpu": m.tflops_per_gpu,
-        "mfu": m.mfu,
-        "bubble_fraction": m.bubble_fraction,
-        "peak_memory_bytes": m.peak_memory_bytes,
-        "exposed_comm_s": m.exposed_comm_s,
-        "analytic_iteration_time_s": c.analytic.iteration_time_s,
-    }
+def _layout_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """The ranking's layout columns (``_LAYOUT_COLS``) from :func:`paratrain.plan.report.layout_row`."""
+    v = row["virtual_stages"]
+    return (
+        str(row["dp"]),
+        str(row["tp"]),
+        str(row["pp"]),
+        str(row["microbatch"]),
+        row["schedule"] + (f"(v={v})" if v > 1 else ""),
+        row["recompute"],
+        "y" if row["sequence_parallel"] else "n",
+        "y" if row["optimizer_sharding"] else "n",
+        ",".join(row["mesh_order"]),
+    )
 
 
-def result_document(model: Any, cluster: Any, result: Any) -> dict[str, Any]:
-    """The winner's DESIGN.md keys, the chosen config as a run document, and the ranking."""
-    from paratrain.plan.report import winner_keys
-
-    win = result.winner
-    doc = winner_keys(win)
-    doc["config"] = {"parallel": win.config.to_dict(), "model": model.to_dict(), "cluster": cluster.to_dict()}
-    doc["candidates"] = [candidate_row(c) for c in result.ranked]
-    doc["rejected"] = dict(sorted(result.rejected.items()))
-    doc["considered"] = result.considered
-    doc["evaluated"] = result.evaluated
-    doc["memory_checked"] = result.memory_checked
-    doc["search_time_s"] = result.search_time_s
-    return doc
+_LAYOUT_COLS = ("dp", "tp", "pp", "mb", "schedule", "recomp", "sp", "zero", "mesh")
 
 
-def _label(c: Any) -> str:
-    cfg = c.config
-    s = cfg.schedule.value + (f"(v={cfg.virtual_stages})" if cfg.virtual_stages > 1 else "")
-    return s
-
-
-def print_ranking(console: Console, result: Any, top: int) -> None:
+def print_ranking(console: Console, result: PlanResult, top: int) -> None:
+    from paratrain.plan.report import layout_row
     from paratrain.plan.space import REASONS
 
     t = Table(
@@ -147,15 +132,7 @@ def print_ranking(console: Console, result: Any, top: int) -> None:
     )
     cols = (
         "#",
-        "dp",
-        "tp",
-        "pp",
-        "mb",
-        "schedule",
-        "recomp",
-        "sp",
-        "zero",
-        "mesh",
+        *_LAYOUT_COLS,
         "tokens/s",
         "TFLOP/s/GPU",
         "MFU",
@@ -168,18 +145,10 @@ def print_ranking(console: Console, result: Any, top: int) -> None:
     for col in cols:
         t.add_column(col, justify="left" if col in ("schedule", "recomp", "mesh", "by") else "right")
     for i, c in enumerate(result.ranked[:top], 1):
-        cfg, m = c.config, c.metrics
+        m = c.metrics
         t.add_row(
             str(i),
-            str(cfg.dp),
-            str(cfg.tp),
-            str(cfg.pp),
-            str(cfg.microbatch),
-            _label(c),
-            cfg.recompute.value,
-            "y" if cfg.sequence_parallel else "n",
-            "y" if cfg.optimizer_sharding else "n",
-            ",".join(cfg.mesh_order),
+            *_layout_cells(layout_row(c.config)),
             f"{m.tokens_per_s:,.0f}",
             f"{m.tflops_per_gpu:.1f}",
             f"{100 * m.mfu:.1f}%",
@@ -198,7 +167,7 @@ def print_ranking(console: Console, result: Any, top: int) -> None:
     console.print(rej)
 
 
-def print_winner(console: Console, model: Any, cluster: Any, result: Any) -> None:
+def print_winner(console: Console, model: ModelSpec, cluster: ClusterSpec, result: PlanResult) -> None:
     from paratrain.plan.report import winner_breakdown
 
     console.print("[bold]Winner[/bold]")
@@ -220,31 +189,17 @@ def plan_command(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
-    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree.", rich_help_panel=_P)] = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_P)] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)] = None,
-    microbatch: Annotated[
-        int | None, typer.Option("--microbatch", help="Micro-batch size.", rich_help_panel=_P)
-    ] = None,
-    schedule: Annotated[str | None, typer.Option("--schedule", help="Pipeline schedule.", rich_help_panel=_P)] = None,
-    virtual_stages: Annotated[
-        int | None, typer.Option("--virtual-stages", help="Chunks per rank (interleaved).", rich_help_panel=_P)
-    ] = None,
-    recompute: Annotated[
-        str | None, typer.Option("--recompute", help="none | selective | full.", rich_help_panel=_P)
-    ] = None,
-    sequence_parallel: Annotated[
-        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", rich_help_panel=_P)
-    ] = None,
-    optimizer_sharding: Annotated[
-        bool | None, typer.Option("--optimizer-sharding/--no-optimizer-sharding", rich_help_panel=_P)
-    ] = None,
-    mesh_order: Annotated[
-        str | None, typer.Option("--mesh-order", help="Mesh axes outermost first, e.g. pp,dp,tp.", rich_help_panel=_P)
-    ] = None,
-    partition: Annotated[
-        str | None, typer.Option("--partition", help="Layers per chunk, e.g. 13,12,12,11.", rich_help_panel=_P)
-    ] = None,
+    dp: DpOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    microbatch: MicrobatchOpt = None,
+    schedule: ScheduleOpt = None,
+    virtual_stages: VirtualStagesOpt = None,
+    recompute: RecomputeOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
+    optimizer_sharding: OptimizerShardingOpt = None,
+    mesh_order: MeshOrderOpt = None,
+    partition: PartitionOpt = None,
     schedules: Annotated[
         str | None,
         typer.Option("--schedules", help="Schedules to search (default: synchronous ones).", rich_help_panel=_S),
@@ -286,9 +241,14 @@ def plan_command(
     for flag, val in (("--top", top), ("--confirm", confirm)):
         if val < 1:
             raise ConfigError(flag, f"must be at least 1, got {val}", f"e.g. {flag} 5")
-    if memory_limit_gib is not None and memory_limit_gib <= 0:
-        raise ConfigError("--memory-limit", f"must be positive, got {memory_limit_gib}", "give GiB per GPU")
-    order = tuple(a.strip() for a in mesh_order.split(",")) if mesh_order else None
+    if memory_limit_gib is not None:
+        from paratrain.errors import require_positive
+
+        require_positive("--memory-limit", memory_limit_gib)  # NaN and inf included
+    if output is not None:
+        from paratrain.fileio import check_output_path
+
+        check_output_path(output, "--output")
     pins = Pins(
         dp=dp,
         tp=tp,
@@ -299,17 +259,16 @@ def plan_command(
         recompute=_enum(Recompute, "--recompute", recompute),
         sequence_parallel=sequence_parallel,
         optimizer_sharding=optimizer_sharding,
-        mesh_order=order,
-        partition=_csv_ints("--partition", partition),
+        mesh_order=parse_mesh_order(mesh_order),
+        partition=parse_ints("--partition", partition),
         schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
         tp_across_nodes=tp_across_nodes,
     )
-    limit = memory_limit_gib * 2**30 if memory_limit_gib else None
+    # Default: what the device leaves to tensors after its context, buffers and fragmentation.
+    limit = memory_limit_gib * 2**30 if memory_limit_gib else clus.device.usable_memory_bytes
     from paratrain.plan.backend import default_backend
 
-    backend = default_backend()
-    if not simulate:
-        backend = type(backend)(backend.chunk_costs, backend.collective_time, backend.model_flops, None)
+    backend = default_backend(simulate=simulate)
     kwargs = dict(pins=pins, top=top, confirm=confirm, backend=backend, memory_limit_bytes=limit)
 
     if sweep is not None:
@@ -333,7 +292,9 @@ def plan_command(
     ) as bar:
         task = bar.add_task("search", total=None)
         result = plan(spec, clus, global_batch, progress=lambda d, t: bar.update(task, completed=d, total=t), **kwargs)
-    doc = result_document(spec, clus, result)
+    from paratrain.plan.report import plan_document
+
+    doc = plan_document(spec, clus, result)
     if advise_shape:
         from paratrain.plan.shape import advise
 
@@ -344,7 +305,9 @@ def plan_command(
     if output is not None:
         import json
 
-        output.write_text(json.dumps({"config": doc["config"]}, indent=2) + "\n")
+        from paratrain.fileio import atomic_write_text
+
+        atomic_write_text(output, json.dumps({"config": doc["config"]}, indent=2) + "\n", "--output")
     if json_out:
         print_json(doc)
         return
@@ -378,6 +341,7 @@ def advise_shape_command(
 
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
     clus = resolve_cluster_opts(cluster, device)
+    ParallelConfig(tp=tp, microbatch=microbatch)  # the layout's own checks and size limits
     rows = [a.to_dict() for a in advise(spec, clus.device, tp=tp, microbatch=microbatch)]
     if json_out:
         print_json({"model": spec.to_dict(), "params": spec.param_count(), "shapes": rows})

@@ -12,7 +12,6 @@ Examples::
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,17 +21,28 @@ import typer
 from paratrain.cli.options import (
     CalibrationOpt,
     DeviceOpt,
+    DpOpt,
     FfnOpt,
+    GlobalBatchOpt,
     GpusOpt,
     HeadsOpt,
     HiddenOpt,
     JsonOpt,
     KvHeadsOpt,
     LayersOpt,
+    MicrobatchOpt,
     NodesOpt,
+    OptimizerShardingOpt,
+    PpOpt,
+    RecomputeOpt,
+    ScheduleOpt,
     SeqOpt,
+    SequenceParallelOpt,
+    TpOpt,
+    VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
+    flag_errors,
     parallel_from_opts,
     print_json,
 )
@@ -40,11 +50,11 @@ from paratrain.errors import ConfigError
 
 __all__ = ["register", "simulate"]
 
-_P = "Parallelism"
-
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate", help="Simulate one iteration: time, bubbles, memory, communication, MFU.")(simulate)
+    app.command("simulate", help="Simulate one iteration: time, bubbles, memory, communication, MFU.")(
+        flag_errors(simulate)
+    )
 
 
 def _resolve_model(arg: str | None, doc: dict[str, Any], overrides: dict[str, Any]) -> Any:
@@ -96,35 +106,16 @@ def simulate(
     device: DeviceOpt = None,
     nodes: NodesOpt = None,
     gpus: GpusOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=_P)] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)] = None,
-    dp: Annotated[
-        int | None, typer.Option("--dp", help="Data-parallel size (default: GPUs / (tp*pp)).", rich_help_panel=_P)
-    ] = None,
-    microbatch: Annotated[
-        int | None, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)
-    ] = None,
-    global_batch: Annotated[
-        int | None, typer.Option("--global-batch", "-b", help="Global batch (samples).", rich_help_panel=_P)
-    ] = None,
-    schedule: Annotated[
-        str | None,
-        typer.Option(
-            "--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, pipedream, 2bw, zb-h1.", rich_help_panel=_P
-        ),
-    ] = None,
-    virtual_stages: Annotated[
-        int | None, typer.Option("--virtual-stages", help="Chunks per rank (interleaved).", rich_help_panel=_P)
-    ] = None,
-    recompute: Annotated[
-        str | None, typer.Option("--recompute", help="none|selective|full.", rich_help_panel=_P)
-    ] = None,
-    sequence_parallel: Annotated[
-        bool | None,
-        typer.Option(
-            "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism.", rich_help_panel=_P
-        ),
-    ] = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    dp: DpOpt = None,  # default: GPUs / (tp*pp)
+    microbatch: MicrobatchOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    schedule: ScheduleOpt = None,
+    virtual_stages: VirtualStagesOpt = None,
+    recompute: RecomputeOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
+    optimizer_sharding: OptimizerShardingOpt = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
@@ -147,14 +138,23 @@ def simulate(
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    from paratrain.fileio import check_output_path
     from paratrain.parallel.config import load_run_document
     from paratrain.sim import simulate_config
-    from paratrain.sim.trace import chrome_trace, plot_timeline
+    from paratrain.sim.trace import plot_timeline
 
+    for flag, path in (("--trace", trace), ("--plot", plot)):
+        if path is not None:
+            check_output_path(path, flag)  # before any work: a typo costs seconds
     doc: dict[str, Any] = load_run_document(config) if config is not None else {}
     overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
     spec = _resolve_model(model, doc, overrides)
     base = doc.get("parallel")
+    if gpus is not None:
+        from paratrain.errors import require_at_most
+        from paratrain.spec.cluster import MAX_DEVICES
+
+        require_at_most("--gpus", gpus, MAX_DEVICES, "devices")
     if dp is None and gpus is not None and base is None:
         t_, p_ = tp or 1, pp or 1
         if gpus % (t_ * p_):
@@ -175,6 +175,7 @@ def simulate(
         virtual_stages=virtual_stages,
         recompute=recompute,
         sequence_parallel=sequence_parallel,
+        optimizer_sharding=optimizer_sharding,
     )
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(
@@ -194,30 +195,40 @@ def simulate(
         )
     if duration_cv is not None and not 0 <= duration_cv <= 1:
         raise ConfigError("--duration-cv", f"must be in [0, 1], got {duration_cv}", "give e.g. 0.1, or 0 for none")
-    if samples is not None and samples < 1:
-        raise ConfigError("--samples", f"must be at least 1, got {samples}", "give e.g. 32")
-    try:
-        res = simulate_config(
-            spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log),
-            duration_cv=duration_cv, samples=samples,
-        )
-    except ConfigError as e:
-        flag = {
-            "stages": "--pp",
-            "microbatches": "--global-batch (micro-batches = global batch / (dp*microbatch))",
-            "virtual_stages": "--virtual-stages",
-            "pp": "--pp",
-            "tp": "--tp",
-        }
-        raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
+    # Each draw simulates the whole iteration again; the mean's standard error falls as 1/sqrt(n),
+    # so past a thousand draws more buys nothing but time.
+    if samples is not None and not 1 <= samples <= 1024:
+        raise ConfigError("--samples", f"must be in 1..1,024, got {samples:,}", "give e.g. 32")
+    res = simulate_config(
+        spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log),
+        duration_cv=duration_cv, samples=samples,
+    )
     if trace is not None:
-        trace.write_text(json.dumps(chrome_trace(res.events, title=f"{spec.name} {cfg.schedule}")) + "\n")
+        from paratrain.trace import write_trace
+
+        write_trace(
+            trace,
+            res.events,
+            field="--trace",
+            title=f"{spec.name} {cfg.schedule}",
+            metadata={"source": "paratrain simulate (predicted)", "model": spec.name, "model_spec": spec.to_dict(),
+                      "cluster": clus.name, "parallel": cfg.to_dict()},
+        )
     if plot is not None:
         title = (
             f"{spec.name}: {cfg.schedule}, pp={cfg.pp} tp={cfg.tp} dp={cfg.dp}, {cfg.num_microbatches} "
             f"micro-batches, bubble {res.bubble_fraction:.1%}"
         )
-        plot_timeline(res.events, cfg.pp, title=title).savefig(plot, dpi=120)
+        import matplotlib.pyplot as plt
+
+        from paratrain.fileio import atomic_writer
+
+        fig = plot_timeline(res.events, cfg.pp, title=title)
+        try:
+            with atomic_writer(plot, "--plot", binary=True) as fh:
+                fig.savefig(fh, format="png", dpi=120)
+        finally:
+            plt.close(fig)
     out = res.to_dict(comm_log=comm_log)
     out = {
         "model": spec.name,

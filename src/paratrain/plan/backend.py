@@ -8,27 +8,59 @@ communication times looked up for the ranks each group actually occupies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
+from paratrain.cost.optimizer import optimizer_step_s
 from paratrain.cost.types import ChunkCost, CollectiveCost
 from paratrain.parallel.config import ParallelConfig, ScheduleName
 from paratrain.plan.analytic import PipelineInputs, RankStats, chimera_extra_bytes
 from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.device import DeviceSpec
 from paratrain.spec.model import ModelSpec
 
-__all__ = ["CostBackend", "default_backend", "pipeline_inputs", "optimizer_step_s", "dp_group"]
+if TYPE_CHECKING:
+    from paratrain.sim.report import SimResult
+
+__all__ = [
+    "ChunkCostsFn",
+    "CollectiveFn",
+    "CostBackend",
+    "ModelFlopsFn",
+    "OptimizerTimeFn",
+    "PlanCache",
+    "Simulator",
+    "default_backend",
+    "dp_group",
+    "pipeline_inputs",
+]
 
 ChunkCostsFn = Callable[[ModelSpec, ClusterSpec, ParallelConfig], Sequence[ChunkCost]]
-CollectiveFn = Callable[..., CollectiveCost]
+# (kind, bytes, global ranks, cluster) -> cost, as paratrain.cost.collectives.collective_time
+CollectiveFn = Callable[[str, float, tuple[int, ...], ClusterSpec], CollectiveCost]
+ModelFlopsFn = Callable[[ModelSpec, int], float]
+# (weight, gradient, optimizer-state bytes of a rank, its device) -> seconds of the step
+OptimizerTimeFn = Callable[[float, float, float, DeviceSpec], float]
 
 
-def optimizer_step_s(weight_bytes: float, grad_bytes: float, optimizer_bytes: float, cluster: ClusterSpec) -> float:
-    """Mixed-precision Adam is memory-bound: it reads the gradients, reads and writes the optimizer
-    state (fp32 master weights and both moments) and writes the weights once per step; time =
-    bytes moved / HBM bandwidth (the accounting of :func:`paratrain.sim.timing_for_config`)."""
-    return (weight_bytes + grad_bytes + 2 * optimizer_bytes) / cluster.device.memory_bandwidth_Bps
+class Simulator(Protocol):
+    """Simulates one iteration of a configuration, as :func:`paratrain.sim.simulate_config`."""
+
+    def __call__(
+        self, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, overlap_grad_reduce: bool = ...
+    ) -> SimResult: ...
+
+
+@dataclass
+class PlanCache:
+    """Costs one search computes once and looks up many times, each keyed on what it depends on.
+    Valid for one model and cluster."""
+
+    chunks: dict[Hashable, tuple[ChunkCost, ...]] = field(default_factory=dict)
+    stats: dict[Hashable, RankStats] = field(default_factory=dict)
+    inputs: dict[Hashable, PipelineInputs] = field(default_factory=dict)
+    collectives: dict[Hashable, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,27 +69,28 @@ class CostBackend:
 
     chunk_costs: ChunkCostsFn
     collective_time: CollectiveFn
-    model_flops: Callable[[ModelSpec, int], float]
-    simulate: Callable[..., Any] | None = None
-    optimizer_time: Callable[[float, float, float, ClusterSpec], float] = optimizer_step_s
-    cache: dict = field(default_factory=dict, compare=False, repr=False)
+    model_flops: ModelFlopsFn
+    simulate: Simulator | None = None
+    optimizer_time: OptimizerTimeFn = optimizer_step_s
+    cache: PlanCache = field(default_factory=PlanCache, compare=False, repr=False)
 
 
-def default_backend() -> CostBackend:
-    """The real cost model and simulator."""
+def default_backend(*, simulate: bool = True) -> CostBackend:
+    """The real cost model and, with ``simulate``, the simulator."""
     from paratrain.cost.collectives import collective_time
     from paratrain.cost.compute import model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
 
-    try:
+    simulator: Simulator | None = None
+    if simulate:
         from paratrain.sim import simulate_config
-    except ImportError:  # the simulator is optional for analytic-only planning
-        simulate_config = None
+
+        simulator = simulate_config
     return CostBackend(
         chunk_costs=chunk_costs,
         collective_time=collective_time,
         model_flops=model_flops_per_iteration,
-        simulate=simulate_config,
+        simulate=simulator,
     )
 
 
@@ -80,10 +113,10 @@ def _collective(backend: CostBackend, cluster: ClusterSpec, kind: str, nbytes: f
     if len(ranks) <= 1 or nbytes <= 0:
         return 0.0
     key = ("coll", kind, int(nbytes), ranks if len(ranks) <= 2 else (len(ranks), ranks[0], ranks[1]))
-    hit = backend.cache.get(key)
+    cache = backend.cache.collectives
+    hit = cache.get(key)
     if hit is None:
-        hit = backend.collective_time(kind, nbytes, ranks, cluster).time_s
-        backend.cache[key] = hit
+        hit = cache[key] = backend.collective_time(kind, nbytes, ranks, cluster).time_s
     return hit
 
 
@@ -130,7 +163,7 @@ def pipeline_inputs(
         grad.append(t)
     gather = [0.0] * n
     st = stats if stats is not None else RankStats.of(chunks, p)
-    opt = [backend.optimizer_time(st.weight[r], st.grad[r], st.optimizer[r], cluster) for r in range(p)]
+    opt = [backend.optimizer_time(st.weight[r], st.grad[r], st.optimizer[r], cluster.device) for r in range(p)]
     extra = chimera_extra_bytes(config, st)
     if extra:
         opt = [o + opt[p - 1 - r] for r, o in enumerate(opt)]

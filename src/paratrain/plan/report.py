@@ -1,15 +1,29 @@
-"""What the planner reports about its winner: the DESIGN.md keys and a readable breakdown."""
+"""What the planner reports: the DESIGN.md keys of the winner, a readable breakdown, the JSON
+document of a search, and the one flat row of a configuration's layout that every table and
+sweep uses."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
+from paratrain.parallel.config import ParallelConfig
+from paratrain.plan.search import Candidate, PlanResult
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
 
-__all__ = ["DESIGN_KEYS", "winner_keys", "winner_breakdown"]
+__all__ = [
+    "DESIGN_KEYS",
+    "LAYOUT_FIELDS",
+    "candidate_row",
+    "layout_row",
+    "plan_document",
+    "winner_breakdown",
+    "winner_keys",
+]
 
-# Keys every `simulate --json` / `plan --json` object carries (shared/DESIGN.md).
+# Keys every `simulate --json` / `plan --json` object carries.
 DESIGN_KEYS = (
     "iteration_time_s",
     "tokens_per_s",
@@ -23,16 +37,36 @@ DESIGN_KEYS = (
 )
 
 
-def _analytic_comm(cand: Any) -> dict[str, float]:
+# The fields of a ParallelConfig that describe a layout, in the order tables and sweeps show them.
+LAYOUT_FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "microbatch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "sequence_parallel",
+    "optimizer_sharding",
+    "mesh_order",
+)
+
+
+def layout_row(config: ParallelConfig, fields: tuple[str, ...] = LAYOUT_FIELDS) -> dict[str, Any]:
+    """``fields`` of ``config`` as JSON-ready values (enum names as strings, tuples as lists)."""
+    d = config.to_dict()
+    return {f: d[f] for f in fields}
+
+
+def _analytic_comm(cand: Candidate) -> dict[str, float]:
     est = cand.estimate
     return {"exposed": est.exposed_comm_s, "grad_reduce_exposed": est.exposed_grad_reduce_s}
 
 
-def winner_keys(cand: Any) -> dict[str, Any]:
+def winner_keys(cand: Candidate) -> dict[str, Any]:
     """The DESIGN.md keys: the simulator's values when it ran, the closed forms' otherwise."""
     if cand.simulated is not None:
-        sim = cand.simulated
-        d = sim.to_dict() if hasattr(sim, "to_dict") else {k: getattr(sim, k) for k in DESIGN_KEYS}
+        d = cand.simulated.to_dict()
         d["source"] = "simulator"
     else:
         m = cand.analytic
@@ -53,7 +87,49 @@ def winner_keys(cand: Any) -> dict[str, Any]:
     return d
 
 
-def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Any) -> list[tuple[str, str]]:
+def candidate_row(cand: Candidate) -> dict[str, Any]:
+    """One ranked candidate as a JSON-ready mapping."""
+    m = cand.metrics
+    return {
+        "parallel": cand.config.to_dict(),
+        "source": cand.source,
+        "iteration_time_s": m.iteration_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "samples_per_s": m.samples_per_s,
+        "tflops_per_gpu": m.tflops_per_gpu,
+        "mfu": m.mfu,
+        "bubble_fraction": m.bubble_fraction,
+        "peak_memory_bytes": m.peak_memory_bytes,
+        "exposed_comm_s": m.exposed_comm_s,
+        "analytic_iteration_time_s": cand.analytic.iteration_time_s,
+    }
+
+
+def plan_document(model: ModelSpec, cluster: ClusterSpec, result: PlanResult) -> dict[str, Any]:
+    """The winner's DESIGN.md keys, the chosen config as a run document, and the ranking."""
+    win = result.winner
+    doc = winner_keys(win)
+    doc["config"] = {"parallel": win.config.to_dict(), "model": model.to_dict(), "cluster": cluster.to_dict()}
+    doc["candidates"] = [candidate_row(c) for c in result.ranked]
+    doc["rejected"] = dict(sorted(result.rejected.items()))
+    doc["considered"] = result.considered
+    doc["evaluated"] = result.evaluated
+    doc["memory_checked"] = result.memory_checked
+    doc["search_time_s"] = result.search_time_s
+    return doc
+
+
+def _runs(values: Sequence[int]) -> str:
+    """Consecutive repeats as ``value × count``, in chunk order: 96 ones print as ``1 × 96``,
+    (13, 12, 12, 11) as ``13, 12 × 2, 11``."""
+    out: list[str] = []
+    for v, group in itertools.groupby(values):
+        n = len(list(group))
+        out.append(f"{v} × {n}" if n > 1 else str(v))
+    return ", ".join(out)
+
+
+def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Candidate) -> list[tuple[str, str]]:
     """(label, value) lines describing the winning configuration and where its time goes."""
     cfg, est, m = cand.config, cand.estimate, cand.metrics
     parts = cfg.layers_per_chunk(model.layers)
@@ -67,7 +143,7 @@ def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Any) -> list[
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
         ("optimizer-state sharding", "on" if cfg.optimizer_sharding else "off"),
-        ("layers per chunk", ",".join(map(str, parts)) + (" (balanced)" if cfg.partition is not None else " (even)")),
+        ("layers per chunk", _runs(parts) + (" (balanced)" if cfg.partition is not None else " (even)")),
         (
             "iteration time",
             f"{m.iteration_time_s:.3f} s ({cand.source}; closed form {cand.analytic.iteration_time_s:.3f} s)",
@@ -85,7 +161,7 @@ def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Any) -> list[
         ),
     ]
     sim = cand.simulated
-    if sim is not None and getattr(sim, "comm_time_by_kind", None):
+    if sim is not None and sim.comm_time_by_kind:
         comm = ", ".join(f"{k} {v:.3f} s" for k, v in sim.comm_time_by_kind.items())
         lines.append(("communication by kind (sim)", comm))
     return lines

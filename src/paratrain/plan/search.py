@@ -16,8 +16,9 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
+from paratrain.cost.throughput import throughput
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
@@ -30,10 +31,9 @@ from paratrain.plan.analytic import (
     inflight_per_chunk,
     memory_by_rank,
 )
-from paratrain.plan.backend import CostBackend, default_backend, pipeline_inputs
+from paratrain.plan.backend import CostBackend, PlanCache, default_backend, pipeline_inputs
 from paratrain.plan.partition import LayerCost, partition_fast
 from paratrain.plan.space import (
-    Layout,
     Pins,
     Rejections,
     layouts,
@@ -43,6 +43,9 @@ from paratrain.plan.space import (
 )
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
+
+if TYPE_CHECKING:
+    from paratrain.sim.report import SimResult
 
 __all__ = ["Candidate", "PlanResult", "plan", "evaluate", "Metrics"]
 
@@ -74,14 +77,14 @@ class Metrics:
         peak: float,
         exposed: float,
     ) -> Metrics:
-        gb = config.global_batch or 1
-        world = config.world_size
+        """The figures of one iteration of ``t_s`` seconds doing ``flops`` model FLOPs."""
+        rates = throughput(model, cluster.device, config, t_s, flops)
         return cls(
             iteration_time_s=t_s,
-            tokens_per_s=gb * model.seq / t_s,
-            samples_per_s=gb / t_s,
-            tflops_per_gpu=flops / (t_s * world) / 1e12,
-            mfu=flops / (t_s * world * cluster.device.peak_flops(config.dtype)),
+            tokens_per_s=rates.tokens_per_s,
+            samples_per_s=rates.samples_per_s,
+            tflops_per_gpu=rates.tflops_per_gpu,
+            mfu=rates.mfu,
             bubble_fraction=bubble,
             peak_memory_bytes=peak,
             exposed_comm_s=exposed,
@@ -95,7 +98,7 @@ class Candidate:
     config: ParallelConfig
     estimate: Estimate
     analytic: Metrics
-    simulated: Any | None = None  # paratrain.sim SimResult
+    simulated: SimResult | None = None
     simulated_metrics: Metrics | None = None
 
     @property
@@ -123,7 +126,7 @@ class PlanResult:
         return self.ranked[0]
 
 
-def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple:
+def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...]:
     # Chunk costs do not depend on the schedule, nor on the mesh order while tensor-parallel
     # groups stay inside one node.
     tp_inner = config.mesh_order[-1] == "tp" and config.tp <= cluster.devices_per_node
@@ -147,20 +150,20 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple:
 def _chunks(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend
 ) -> Sequence[ChunkCost]:
+    cache = backend.cache.chunks
     key = _cost_key(config, cluster)
-    hit = backend.cache.get(key)
+    hit = cache.get(key)
     if hit is None:
-        hit = tuple(backend.chunk_costs(model, cluster, config))
-        backend.cache[key] = hit
+        hit = cache[key] = tuple(backend.chunk_costs(model, cluster, config))
     return hit
 
 
 def _stats(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend) -> RankStats:
-    key = ("stats", *_cost_key(config, cluster))
-    hit = backend.cache.get(key)
+    cache = backend.cache.stats
+    key = _cost_key(config, cluster)
+    hit = cache.get(key)
     if hit is None:
-        hit = RankStats.of(_chunks(model, cluster, config, backend), config.pp)
-        backend.cache[key] = hit
+        hit = cache[key] = RankStats.of(_chunks(model, cluster, config, backend), config.pp)
     return hit
 
 
@@ -175,7 +178,7 @@ def evaluate(
 ) -> Candidate:
     """Analytic estimate of one configuration."""
     key = (_cost_key(config, cluster), config.mesh_order, config.schedule is ScheduleName.CHIMERA, overlap_grad_reduce)
-    inputs = backend.cache.get(key)
+    inputs = backend.cache.inputs.get(key)
     if inputs is None:
         chunks = _chunks(model, cluster, config, backend)
         inputs = pipeline_inputs(
@@ -187,7 +190,7 @@ def evaluate(
             overlap_grad_reduce=overlap_grad_reduce,
             stats=_stats(model, cluster, config, backend),
         )
-        backend.cache[key] = inputs
+        backend.cache.inputs[key] = inputs
     est = estimate(config, inputs)
     metrics = Metrics.of(
         model,
@@ -274,18 +277,13 @@ def _simulated(
 ) -> Candidate:
     assert backend.simulate is not None
     res = backend.simulate(model, cluster, cand.config, overlap_grad_reduce=overlap)
+    peak = res.peak_memory_bytes
+    assert peak is not None  # simulate_config always reports memory
     # The simulator reports communication time by kind, not what of it was hidden: the exposed
     # share stays the closed forms'.
-    exposed = cand.analytic.exposed_comm_s
-    m = Metrics(
-        iteration_time_s=res.iteration_time_s,
-        tokens_per_s=res.tokens_per_s,
-        samples_per_s=res.samples_per_s,
-        tflops_per_gpu=res.tflops_per_gpu,
-        mfu=res.mfu,
-        bubble_fraction=res.bubble_fraction,
-        peak_memory_bytes=res.peak_memory_bytes,
-        exposed_comm_s=exposed,
+    m = Metrics.of(
+        model, cluster, cand.config, flops, res.iteration_time_s, res.bubble_fraction, peak,
+        cand.analytic.exposed_comm_s,
     )
     return replace(cand, simulated=res, simulated_metrics=m)
 
@@ -314,27 +312,25 @@ def plan(
     start = time.perf_counter()
     pins = pins or Pins()
     # Cached costs are valid for one model and cluster: every search starts a fresh cache.
-    backend = replace(backend or default_backend(), cache={})
+    backend = replace(backend or default_backend(), cache=PlanCache())
     if not isinstance(global_batch, int) or global_batch <= 0:
-        raise ConfigError(
-            "--global-batch", f"must be a positive integer, got {global_batch!r}", "e.g. --global-batch 512"
-        )
+        raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}", "e.g. 512")
     if pins.partition is not None and sum(pins.partition) != model.layers:
         raise ConfigError(
-            "--partition",
+            "partition",
             f"sums to {sum(pins.partition)} layers, {model.name} has {model.layers}",
             "give layer counts that add up to the model's layers",
         )
     capacity = float(memory_limit_bytes or cluster.device.memory_bytes)
     flops = backend.model_flops(model, global_batch)
     rejected = Rejections()
-    grid: list[tuple[Layout, list[int], list[dict]]] = []
+    grid: list[tuple[list[int], list[ParallelConfig]]] = []
     for lay in layouts(model, cluster, global_batch, pins, rejected):
         mbs = microbatches(global_batch, lay, pins, rejected)
-        kws = list(variants(model, global_batch, lay, pins)) if mbs else []
-        if kws:
-            grid.append((lay, mbs, kws))
-    total = sum(len(m) * len(v) for _, m, v in grid)
+        cfgs = list(variants(model, global_batch, lay, pins, mbs[0])) if mbs else []
+        if cfgs:
+            grid.append((mbs, cfgs))
+    total = sum(len(m) * len(v) for m, v in grid)
     considered = total + sum(rejected.counts.values())
     if not grid:
         _no_layout(model, cluster, global_batch, pins, rejected)
@@ -345,20 +341,20 @@ def plan(
     leanest: tuple[float, ParallelConfig] | None = None
     feasible: list[tuple[float, int, ParallelConfig]] = []
     n_memory = n_evaluated = 0
-    for _lay, mbs, kws in grid:
-        for kw in kws:
+    for mbs, cfgs in grid:
+        for cfg in cfgs:
             for i, mb in enumerate(mbs):
                 done += 1
                 if progress is not None and done % 512 == 0:
                     progress(done, total)
-                m = global_batch // (kw["dp"] * mb)
-                if not schedule_rule_ok(kw["schedule"], kw["pp"], kw["virtual_stages"], m):
+                m = global_batch // (cfg.dp * mb)
+                if not schedule_rule_ok(cfg.schedule, cfg.pp, cfg.virtual_stages, m):
                     rejected.add("schedule_rule")
                     continue
-                if pins.partition is not None and len(pins.partition) != kw["pp"] * kw["virtual_stages"]:
+                if pins.partition is not None and len(pins.partition) != cfg.num_chunks:
                     rejected.add("partition_mismatch")
                     continue
-                config = ParallelConfig(**kw, microbatch=mb)
+                config = cfg if mb == cfg.microbatch else replace(cfg, microbatch=mb)
                 if pins.partition is not None:
                     config = replace(config, partition=pins.partition)
                 elif (part := _even_partition(model, config)) is not None:
@@ -438,7 +434,7 @@ def plan(
 def _distinct(cands: list[Candidate]) -> list[Candidate]:
     """Drop candidates that differ from a better one only in mesh order and predict the same:
     the ranking should show different choices, not the same one twice."""
-    seen: set[tuple] = set()
+    seen: set[tuple[object, ...]] = set()
     out = []
     for c in cands:
         cfg = c.config
@@ -459,14 +455,14 @@ def _no_layout(model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: 
     world = cluster.num_devices
     if counts.get("batch_indivisible"):
         raise ConfigError(
-            "--global-batch",
+            "global_batch",
             f"no dp × micro-batch of {world} GPUs divides the global batch {global_batch}"
             + (f" with micro-batch {pins.microbatch}" if pins.microbatch else ""),
             "use a global batch with more factors of two (e.g. a multiple of the GPU count)",
         )
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "the pins exclude every layout"
     raise ConfigError(
-        "--gpus",
+        "cluster.gpus",
         f"no dp × tp × pp layout of {world} GPUs fits {model.name} ({reasons})",
         "change the pinned degrees or the GPU count",
     )
@@ -485,7 +481,7 @@ def _nothing_fits(
         hint = _smallest_fitting_gpus(model, cluster, global_batch, capacity)
         fix = f"use at least {hint} GPUs" if hint else "use devices with more memory"
         raise ConfigError(
-            "--gpus",
+            "cluster.gpus",
             f"{model.name} fits no configuration on {cluster.num_devices} × {cluster.device.name}: the leanest needs"
             f" {need / 2**30:.1f} GiB per GPU, the device has {capacity / 2**30:.1f} GiB",
             fix,
@@ -493,12 +489,12 @@ def _nothing_fits(
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.counts.items()))
     if rejected.counts.get("partition_mismatch"):
         raise ConfigError(
-            "--partition",
+            "partition",
             f"no candidate has as many chunks as the pinned partition ({reasons})",
-            "pin --pp (and --virtual-stages) to match the partition's length",
+            "pin pp (and virtual_stages) so that pp × virtual_stages is the partition's length",
         )
     raise ConfigError(
-        "--schedule",
+        "schedule",
         f"no candidate satisfies the schedules' rules ({reasons})",
         "pin another schedule or change the global batch",
     )
@@ -520,8 +516,7 @@ def _smallest_fitting_gpus(model: ModelSpec, cluster: ClusterSpec, global_batch:
         for lay in layouts(model, big, global_batch, pins, rej):
             if global_batch % lay.dp:
                 continue
-            for kw in variants(model, global_batch, lay, pins):
-                config = ParallelConfig(**kw, microbatch=1)
+            for config in variants(model, global_batch, lay, pins, 1):
                 part = _even_partition(model, config)
                 config = replace(config, partition=part) if part else config
                 st = _stats(model, big, config, backend)

@@ -73,7 +73,7 @@ def advise(
     keeps its ratio to the hidden size.
     """
     if tp < 1 or model.heads % tp:
-        raise ConfigError("--tp", f"tp({tp}) must divide the {model.heads} heads", "pick a divisor of the head count")
+        raise ConfigError("tp", f"tp({tp}) must divide the {model.heads} heads", "pick a divisor of the head count")
     base_params = model.param_count()
     base_time = model_time_s(model, device, tp=tp, microbatch=microbatch)
     ffn_ratio = model.ffn_size / model.hidden

@@ -86,7 +86,7 @@ class Pins:
         if self.mesh_order is not None:
             order = tuple(self.mesh_order)
             if sorted(order) != sorted(AXES):
-                raise ConfigError("--mesh-order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
+                raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
             object.__setattr__(self, "mesh_order", order)
         if (
             self.virtual_stages is not None
@@ -94,22 +94,10 @@ class Pins:
             and self.schedule not in (None, ScheduleName.INTERLEAVED)
         ):
             raise ConfigError(
-                "--virtual-stages",
+                "virtual_stages",
                 f"{self.virtual_stages} virtual stages need the interleaved schedule",
-                "use --schedule interleaved or drop --virtual-stages",
+                "pin the interleaved schedule or leave the virtual stages unpinned",
             )
-
-    def fully_pinned(self) -> bool:
-        return None not in (
-            self.dp,
-            self.tp,
-            self.pp,
-            self.microbatch,
-            self.schedule,
-            self.recompute,
-            self.sequence_parallel,
-            self.optimizer_sharding,
-        )
 
 
 @dataclass(frozen=True)
@@ -138,9 +126,7 @@ def layouts(
     for name in ("dp", "tp", "pp"):
         v = getattr(pins, name)
         if v is not None and world % v:
-            raise ConfigError(
-                f"--{name}", f"{name}({v}) does not divide the {world} GPUs", f"pick a divisor of {world}"
-            )
+            raise ConfigError(name, f"{name}({v}) does not divide the {world} GPUs", f"pick a divisor of {world}")
     out = []
     for tp in divisors(world):
         for pp in divisors(world // tp):
@@ -226,9 +212,11 @@ def _bools(pinned: bool | None, allowed: bool) -> list[bool]:
     return [False, True] if allowed else [False]
 
 
-def variants(model: ModelSpec, global_batch: int, layout: Layout, pins: Pins) -> Iterator[dict]:
-    """Keyword sets for :class:`ParallelConfig` of one layout, micro-batch left out (the search
-    walks micro-batch sizes upward and stops at the first that runs out of memory)."""
+def variants(
+    model: ModelSpec, global_batch: int, layout: Layout, pins: Pins, microbatch: int = 1
+) -> Iterator[ParallelConfig]:
+    """The configurations of one layout at micro-batch size ``microbatch`` (the search walks
+    micro-batch sizes upward from the smallest and stops at the first that runs out of memory)."""
     recomputes = [pins.recompute] if pins.recompute is not None else list(Recompute)
     sps = _bools(pins.sequence_parallel, layout.tp > 1 and model.seq % layout.tp == 0)
     zeros = _bools(pins.optimizer_sharding, layout.dp > 1)
@@ -237,10 +225,11 @@ def variants(model: ModelSpec, global_batch: int, layout: Layout, pins: Pins) ->
             for zero in zeros:
                 for sp in sps:
                     for rc in recomputes:
-                        yield dict(
+                        yield ParallelConfig(
                             dp=layout.dp,
                             tp=layout.tp,
                             pp=layout.pp,
+                            microbatch=microbatch,
                             global_batch=global_batch,
                             schedule=sched,
                             virtual_stages=v,
@@ -250,7 +239,3 @@ def variants(model: ModelSpec, global_batch: int, layout: Layout, pins: Pins) ->
                             mesh_order=order,
                             dtype=model.dtype,
                         )
-
-
-def make_config(kw: dict, microbatch: int, partition: tuple[int, ...] | None = None) -> ParallelConfig:
-    return ParallelConfig(**kw, microbatch=microbatch, partition=partition)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.plan.search import PlanResult
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
 
@@ -19,24 +19,24 @@ SWEEP_VARIABLES = ("gpus", "batch", "seq")
 class SweepPoint:
     variable: str
     value: int
-    result: Any | None  # PlanResult, or None when nothing fits
-    error: str | None = None
+    result: PlanResult | None  # None when nothing fits
+    error: ConfigError | None = None  # why nothing fits
 
 
 def parse_sweep(text: str) -> tuple[str, list[int]]:
     """``gpus=64,128,256`` → ("gpus", [64, 128, 256])."""
     if "=" not in text:
-        raise ConfigError("--sweep", f"{text!r} is not VARIABLE=V1,V2,...", "e.g. --sweep gpus=64,128,256")
+        raise ConfigError("sweep", f"{text!r} is not VARIABLE=V1,V2,...", "e.g. gpus=64,128,256")
     var, _, vals = text.partition("=")
     var = var.strip().lower()
     if var not in SWEEP_VARIABLES:
-        raise ConfigError("--sweep", f"cannot sweep {var!r}", f"sweep one of: {', '.join(SWEEP_VARIABLES)}")
+        raise ConfigError("sweep", f"cannot sweep {var!r}", f"sweep one of: {', '.join(SWEEP_VARIABLES)}")
     try:
         values = [int(v) for v in vals.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError("--sweep", f"{vals!r} is not a list of integers", "e.g. gpus=64,128,256") from None
+        raise ConfigError("sweep", f"{vals!r} is not a list of integers", "e.g. gpus=64,128,256") from None
     if not values or any(v <= 0 for v in values):
-        raise ConfigError("--sweep", f"{vals!r} must list positive integers", "e.g. gpus=64,128,256")
+        raise ConfigError("sweep", f"{vals!r} must list positive integers", "e.g. gpus=64,128,256")
     return var, values
 
 
@@ -46,8 +46,8 @@ def sweep(
     global_batch: int,
     variable: str,
     values: list[int],
-    planner: Callable[..., Any],
-    **kwargs: Any,
+    planner: Callable[..., PlanResult],
+    **kwargs: object,
 ) -> list[SweepPoint]:
     """Run ``planner(model, cluster, global_batch, **kwargs)`` at each value; a value where no
     configuration fits is recorded with its reason instead of ending the sweep."""
@@ -63,5 +63,5 @@ def sweep(
                 m = model.with_overrides(seq=v)
             out.append(SweepPoint(variable, v, planner(m, c, b, **kwargs)))
         except ConfigError as e:
-            out.append(SweepPoint(variable, v, None, str(e)))
+            out.append(SweepPoint(variable, v, None, e))
     return out

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from paratrain.cost.optimizer import OPTIMIZERS
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
+from paratrain.schedule.compiled import hosts_of
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.validate import inflight_and_versions
 from paratrain.sim.engine import CommRecord, SimRun, Timing, TraceEvent, run_schedule, uniform_timing
@@ -243,15 +245,6 @@ def simulate(
     )
 
 
-# Element accesses (reads + writes) per parameter of PyTorch's single-tensor AdamW (torch.optim
-# ``_single_tensor_adam``, ``foreach=False``) in fp32, kernel by kernel: decoupled weight decay
-# ``param.mul_`` 2, ``exp_avg.lerp_(grad)`` 3, ``exp_avg_sq.mul_`` 2 and ``.addcmul_(grad, grad)`` 3,
-# ``denom = (exp_avg_sq.sqrt() / c).add_(eps)`` 6, ``param.addcdiv_(exp_avg, denom)`` 4 = 20; and
-# global-norm clipping as paratrain's runtime does it: ``grad.pow(2).sum()`` 3, ``grad.mul_(coef)`` 2.
-_TORCH_ADAMW_ACCESSES = 25
-OPTIMIZERS = ("fused", "torch")
-
-
 def timing_for_config(
     schedule: Schedule, costs: Sequence[ChunkCost], cluster: ClusterSpec, config: ParallelConfig,
     *, optimizer: str = "fused",
@@ -269,7 +262,7 @@ def timing_for_config(
         raise ConfigError("optimizer", f"unknown optimizer implementation {optimizer!r}",
                           f"use one of: {', '.join(OPTIMIZERS)}")
     from paratrain.cost.collectives import collective_time
-    from paratrain.cost.compute import dtype_bytes
+    from paratrain.cost.optimizer import optimizer_step_s
 
     if len(costs) != schedule.num_chunks:
         raise ConfigError("costs", f"{len(costs)} chunk costs for {schedule.num_chunks} chunks", "give one per chunk")
@@ -289,7 +282,7 @@ def timing_for_config(
     groups = []
     reduce_s = []
     for c, cost in enumerate(costs):
-        hosts = sorted({row[c] for row in schedule.placement})
+        hosts = hosts_of(schedule, c)
         ranks = tuple(config.rank_of(pp=h, dp=d) for h in hosts for d in range(config.dp))
         groups.append(ranks)
         if len(ranks) == 1:
@@ -302,14 +295,13 @@ def timing_for_config(
             )
         else:
             reduce_s.append(collective_time("all_reduce", cost.grad_reduce_bytes, ranks, cluster).time_s)
-    # Adam is memory-bound: it reads the gradients, reads and writes the optimizer state (master
-    # weights and moments) and writes the weights once per step.
-    bw = cluster.device.memory_bandwidth_Bps
 
-    def step_bytes(c: int) -> float:
-        if optimizer == "torch":
-            return _TORCH_ADAMW_ACCESSES * 4 * costs[c].weight_bytes / dtype_bytes(config.dtype)
-        return costs[c].weight_bytes + costs[c].grad_bytes + 2 * costs[c].optimizer_bytes
+    def step_s(r: int) -> float:
+        held = [costs[c] for c, _ in schedule.chunks_of(r)]
+        return optimizer_step_s(
+            sum(k.weight_bytes for k in held), sum(k.grad_bytes for k in held), sum(k.optimizer_bytes for k in held),
+            cluster.device, optimizer=optimizer, dtype=config.dtype,
+        )
 
     world = tuple(range(config.world_size))
     norm_s = collective_time("all_reduce", 4, world, cluster).time_s
@@ -318,9 +310,7 @@ def timing_for_config(
         stage_norm_s = collective_time("all_reduce", 4, stage, cluster).time_s
     else:
         stage_norm_s = 0.0
-    opt = tuple(
-        sum(step_bytes(c) for c, _ in schedule.chunks_of(r)) / bw + stage_norm_s for r in range(schedule.stages)
-    )
+    opt = tuple(step_s(r) + stage_norm_s for r in range(schedule.stages))
     return Timing(
         forward_s=tuple(c.forward_s for c in costs),
         backward_s=tuple(c.backward_s for c in costs),
@@ -359,6 +349,7 @@ def simulate_config(
     :data:`paratrain.sim.variability.DEFAULT_SAMPLES` when the variation is not 0)."""
     from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
+    from paratrain.cost.throughput import throughput
     from paratrain.sim.variability import DEFAULT_SAMPLES, simulate_variable
 
     config.validate_for(model, even_layers=config.partition is None)
@@ -384,18 +375,18 @@ def simulate_config(
     it = res.iteration_time_s
     gb = config.global_batch
     assert gb is not None
-    flops = model_flops_per_iteration(model, gb)
-    hw_flops = matmul_flops_per_iteration(model, gb, config.recompute)
-    peak = cluster.device.peak_flops(config.dtype)
-    n = config.world_size
+    rates = throughput(
+        model, cluster.device, config, it, model_flops_per_iteration(model, gb),
+        matmul_flops_per_iteration(model, gb, config.recompute),
+    )
     return _with(
         res,
         memory=memory_by_rank(schedule, costs),
-        samples_per_s=gb / it,
-        tokens_per_s=gb * model.seq / it,
-        tflops_per_gpu=flops / (it * n) / 1e12,
-        mfu=flops / (it * n * peak),
-        hfu=hw_flops / (it * n * peak),
+        samples_per_s=rates.samples_per_s,
+        tokens_per_s=rates.tokens_per_s,
+        tflops_per_gpu=rates.tflops_per_gpu,
+        mfu=rates.mfu,
+        hfu=rates.hfu,
     )
 
 

@@ -1,0 +1,446 @@
+"""Measure this machine's CPU and gloo links: what ``paratrain calibrate`` stores as the ``cpu``
+device and the ``cpu`` cluster's links.
+
+Measures fp32 GEMM throughput with ``torch.matmul`` on a few square sizes, memory bandwidth with a
+large tensor copy (read + write bytes over time), and the fixed cost of a tiny kernel (framework
+dispatch: a small element-wise op and a small matmul); :func:`device_from_measurement` turns the
+figures into a :class:`~paratrain.spec.device.DeviceSpec`.
+
+With several processes (:func:`measure_machine`, ``procs > 1``; the pipeline benchmark runs two)
+the measurement runs in ``procs`` processes of ``threads`` threads each, joined by gloo over the
+loopback interface as ``paratrain train`` joins them: all processes measure the compute figures at
+the same time (so the figures are what one process gets while the others compute too: shared
+cores, caches and memory bandwidth), then ranks 0 and 1 time a send/recv ping-pong over a few
+message sizes and every rank an all-reduce. The link's alpha and beta are fitted to the ping-pong
+by :func:`paratrain.sim.fit_links.fit_alpha_beta`.
+
+With several processes the compute figures are *sustained* rates: work done over the wall time
+of back-to-back calls, not the best call. A training step is a long sum of kernels, so its
+expected time is the number of kernels times their *mean* time, and on a machine shared with
+other processes the mean includes the time slices they take (measured on a shared 2-core
+machine: a 512x128x512 GEMM's best call ran at 93 GFLOP/s, its median at 71, its mean at 36).
+The figures therefore describe the machine under the load it carries while calibrating.
+It also measures how much one action's duration varies from call to call (the coefficient of
+variation of a small MLP's forward + backward, every process at once): the ``duration_cv`` with
+which the simulator draws action durations (:mod:`paratrain.sim.variability`).
+Takes about 14 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue as queue_mod
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from paratrain.errors import ConfigError
+from paratrain.spec.device import DeviceSpec
+from paratrain.spec.device_presets import DEVICE_PRESETS
+
+__all__ = [
+    "COPY_BYTES",
+    "EW_ELEMENTS",
+    "VARIATION_SHAPE",
+    "Progress",
+    "combine_cpu",
+    "device_from_measurement",
+    "measure_comm",
+    "measure_cpu",
+    "measure_machine",
+    "measure_variation",
+    "measurement_steps",
+]
+
+# Called before each measurement with (measurements done, measurements in all, what comes next).
+Progress = Callable[[int, int, str], None]
+
+_GEMM_SIZES = (256, 512, 1024)
+COPY_BYTES = 128 * 2**20  # past the last-level cache of common CPUs
+EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens x 2048)
+_CHAIN_LAYERS = 10  # long enough that the autograd.grad call's own cost is spread thin
+_BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
+_P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
+_ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
+_COMM_BUDGET_S = 2.5
+_SUSTAINED_BUDGET_S = 3.0  # long enough to average over the scheduler's time slices (milliseconds)
+_VARIATION_BUDGET_S = 2.5  # ~100 calls of the ~25 ms step below on a 2-core machine
+VARIATION_SHAPE = (512, 256, 1024)  # tokens, hidden, FFN: a small transformer MLP's forward + backward
+# What the progress callback names before each measurement, in order.
+_CPU_STEPS = (
+    *(f"fp32 GEMM {n}x{n}x{n}" for n in _GEMM_SIZES),
+    "memory copy",
+    "element-wise kernels",
+    "tiny add",
+    "tiny matmul",
+    "kernel overhead",
+    "duration variation",
+)
+
+
+def _size(n: int) -> str:
+    for unit, f in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+_COMM_STEPS = (
+    *(f"p2p {_size(n)}" for n in _P2P_BYTES),
+    *(f"all-reduce {_size(n)}" for n in _ALLREDUCE_BYTES),
+)
+
+
+def measurement_steps(procs: int) -> int:
+    """How many measurements :func:`measure_machine` reports through its ``progress``."""
+    return len(_CPU_STEPS) + (len(_COMM_STEPS) if procs > 1 else 0)
+
+
+def _no_progress(done: int, total: int, what: str) -> None:
+    pass
+
+
+def _best_time(fn: Any, *, repeats: int, deadline: float) -> float:
+    """Fastest of up to ``repeats`` timed calls (after one warm-up), stopping at ``deadline``
+    (a ``time.perf_counter()`` value) once at least one call was timed."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        best = min(best, t1 - t0)
+        if t1 > deadline:
+            break
+    return best
+
+
+def _mean_time(fn: Any, *, repeats: int, deadline: float) -> float:
+    """Mean time of back-to-back calls (after one warm-up) until ``deadline``, at least three:
+    total time over calls, so that the time slices other processes take are counted in the
+    proportion a long run of such calls loses to them."""
+    fn()
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        t1 = time.perf_counter()
+        if t1 > deadline and n >= 3:
+            return (t1 - t0) / n
+
+
+def _variation(fn: Any, *, deadline: float) -> float:
+    """Coefficient of variation (standard deviation / mean) of back-to-back call times, after
+    one warm-up, until ``deadline`` (at least five calls)."""
+    fn()
+    ts: list[float] = []
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        ts.append(t1 - t0)
+        if t1 > deadline and len(ts) >= 5:
+            return statistics.pstdev(ts) / statistics.fmean(ts)
+
+
+def measure_variation(budget_s: float = _VARIATION_BUDGET_S) -> float:
+    """How much the duration of one training action varies from call to call on this machine, as
+    it is loaded now: the coefficient of variation of a transformer MLP's forward + backward
+    (``VARIATION_SHAPE``, ~20 ms on one thread), the simulator's ``duration_cv``. Run by every
+    process at once, it includes what they do to each other (shared caches, memory bandwidth)."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, hidden, ffn = VARIATION_SHAPE
+    x = torch.randn(tokens, hidden, requires_grad=True)
+    w1 = torch.randn(ffn, hidden, requires_grad=True)
+    w2 = torch.randn(hidden, ffn, requires_grad=True)
+
+    def step() -> None:
+        y = F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2)
+        torch.autograd.grad([y.sum()], [x, w1, w2])
+
+    return _variation(step, deadline=time.perf_counter() + budget_s)
+
+
+def measure_cpu(
+    budget_s: float = _BUDGET_S, *, sustained: bool = False, progress: Progress | None = None, total: int | None = None
+) -> dict[str, Any]:
+    """Measured figures of this machine: GEMM FLOP/s per size, copy bandwidth, element-wise rate,
+    per-kernel overhead of a training step.
+
+    Each of the eight measurements gets a cumulative share of ``budget_s``, so a loaded machine
+    takes fewer repeats rather than longer. By default each figure is the best repeat (what the
+    hardware can do); ``sustained`` gives the mean over back-to-back calls for the whole share
+    instead (what a long sequence of such kernels gets on a machine shared with other processes).
+    ``progress`` is told before each measurement (``total``: the count it reports against,
+    default this function's own).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    steps = len(_GEMM_SIZES) + 5
+    timed = _mean_time if sustained else _best_time
+    tell = progress or _no_progress
+    of = total if total is not None else len(_CPU_STEPS)
+
+    def deadline(i: int) -> float:
+        tell(i, of, _CPU_STEPS[i])
+        return start + budget_s * (i + 1) / steps
+
+    per_size = {}
+    for i, n in enumerate(_GEMM_SIZES):
+        a = torch.randn(n, n, dtype=torch.float32)
+        b = torch.randn(n, n, dtype=torch.float32)
+        t = timed(lambda a=a, b=b: torch.matmul(a, b), repeats=8, deadline=deadline(i))
+        per_size[n] = 2 * n**3 / t
+    elems = COPY_BYTES // 4
+    src = torch.ones(elems, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 5))
+    bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
+    # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
+    # bytes the cost model counts for it (paratrain.cost.compute: reads + writes of n elements):
+    # residual add 3, GeLU (tanh) 2, its backward 3, softmax 2, layer norm 2. Their total bytes over
+    # their total time is the rate element-wise kernels sustain, below the copy's: on a CPU,
+    # transcendental functions and row reductions run slower than the memory system.
+    x = torch.randn(EW_ELEMENTS // 128, 128)
+    y, g = torch.randn_like(x), torch.randn_like(x)
+    w, b = torch.ones(128), torch.zeros(128)
+
+    def elementwise() -> None:
+        torch.add(x, y)
+        F.gelu(x, approximate="tanh")
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+        torch.softmax(x, -1)
+        F.layer_norm(x, (128,), w, b)
+
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 4))
+    ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
+    x = torch.ones(8)
+    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 3))
+    w = torch.ones(8, 8)
+    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 2))
+    # A training step's per-operator cost includes autograd: recording the graph in the forward,
+    # running the backward's nodes. Timed on a chain of tiny Linear + GeLU layers, forward and
+    # backward through torch.autograd, divided by the kernels the cost model counts for them
+    # (paratrain.cost.compute.op_kernels: a weight GEMM 1 forward + 2 backward, GeLU 1 + 1).
+    chain = [torch.nn.Linear(8, 8) for _ in range(_CHAIN_LAYERS)]
+    x8 = torch.randn(8, 8, requires_grad=True)
+    leaves = [x8] + [p for lin in chain for p in lin.parameters()]
+
+    def train_chain() -> None:
+        h = x8
+        for lin in chain:
+            h = F.gelu(lin(h), approximate="tanh")
+        torch.autograd.grad([h.sum()], leaves)
+
+    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 1))
+    per_kernel = t_chain / (_CHAIN_LAYERS * (3 + 2))
+    return {
+        "gemm_flops_by_size": per_size,
+        "peak_fp32_flops": max(per_size.values()),
+        "memory_bandwidth_Bps": bandwidth,
+        "elementwise_Bps": ew_bandwidth,
+        # The fixed cost of one modelled kernel in a training step: on a CPU the host runs each
+        # kernel itself, so dispatch and autograd add to every kernel (kernel_overhead_s) and
+        # nothing overlaps them (host_issue_s 0).
+        "kernel_overhead_s": per_kernel,
+        "small_add_s": t_small,
+        "small_matmul_s": t_small_mm,
+        "threads": torch.get_num_threads(),
+        "duration_cv": _told(tell, len(_CPU_STEPS) - 1, of, measure_variation),
+    }
+
+
+def _told(tell: Progress, i: int, of: int, fn: Callable[[], float]) -> float:
+    tell(i, of, _CPU_STEPS[i])
+    return fn()
+
+
+def measure_comm(
+    rank: int, world: int, budget_s: float = _COMM_BUDGET_S, *, progress: Progress | None = None,
+    done: int = 0, total: int | None = None,
+) -> dict[str, Any]:
+    """Ping-pong between ranks 0 and 1 (``dist.send``/``dist.recv``, one-way time = half the
+    round trip, mean of the repeats: a run pays the mean) and an all-reduce over all ranks, on the
+    default group: ``{"p2p_s_by_bytes", "allreduce_s_by_bytes", "procs"}``. Every rank must call
+    it; the figures are rank 0's. ``progress`` is told before each message size (counting from
+    ``done`` of ``total``)."""
+    import torch
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    steps = len(_P2P_BYTES) + len(_ALLREDUCE_BYTES)
+    tell = progress or _no_progress
+    of = total if total is not None else steps
+    p2p = {}
+    for i, nbytes in enumerate(_P2P_BYTES):
+        tell(done + i, of, _COMM_STEPS[i])
+        buf = torch.zeros(nbytes // 4)
+        deadline = start + budget_s * (i + 1) / steps
+
+        def ping_pong(buf: Any = buf) -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        ts = []
+        ping_pong()
+        for _ in range(50):
+            t0 = time.perf_counter()
+            ping_pong()
+            ts.append(time.perf_counter() - t0)
+            # every rank stops after the same repeat (the ends of a ping-pong must agree)
+            stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
+        p2p[nbytes] = statistics.fmean(ts) / 2
+    allreduce = {}
+    for j, nbytes in enumerate(_ALLREDUCE_BYTES):
+        tell(done + len(_P2P_BYTES) + j, of, _COMM_STEPS[len(_P2P_BYTES) + j])
+        buf = torch.zeros(max(1, nbytes // 4))
+        deadline = start + budget_s * (len(_P2P_BYTES) + j + 1) / steps
+        ts = []
+        dist.all_reduce(buf)
+        for _ in range(50):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            ts.append(time.perf_counter() - t0)
+            stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
+        allreduce[nbytes] = statistics.fmean(ts)
+    return {"p2p_s_by_bytes": p2p, "allreduce_s_by_bytes": allreduce, "procs": world}
+
+
+def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None:
+    """One calibration process: compute figures measured while every process measures, then the
+    communication figures. Messages to the parent: ``("progress", rank, (done, total, what))``
+    from rank 0, then ``("result", rank, (cpu, comm))`` or ``("error", rank, text)``."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+
+    def tell(done: int, total: int, what: str) -> None:
+        queue.put(("progress", rank, (done, total, what)))
+
+    progress = tell if rank == 0 else None
+    total = measurement_steps(world)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        dist.barrier()
+        cpu = measure_cpu(_SUSTAINED_BUDGET_S, sustained=True, progress=progress, total=total)
+        dist.barrier()
+        comm = measure_comm(rank, world, progress=progress, done=len(_CPU_STEPS), total=total)
+        dist.destroy_process_group()
+        queue.put(("result", rank, (cpu, comm)))
+    except Exception as e:  # reported by the parent as one line
+        queue.put(("error", rank, f"{type(e).__name__}: {e}"))
+
+
+# Seconds without a word from the calibration processes before the parent gives up on them.
+_SILENCE_S = 120.0
+
+
+def measure_machine(
+    procs: int, threads: int, progress: Progress | None = None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(cpu figures, communication figures or None)``: one process in this one when ``procs``
+    is 1, else ``procs`` spawned processes (compute figures averaged over them). ``progress`` is
+    told before each of the :func:`measurement_steps` measurements."""
+    if procs == 1:
+        import torch
+
+        torch.set_num_threads(threads)
+        return measure_cpu(progress=progress), None
+    import multiprocessing as mp
+
+    tell = progress or _no_progress
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as tmp:
+        store = os.path.join(tmp, "store")
+        ps = [ctx.Process(target=_worker, args=(r, procs, threads, store, queue)) for r in range(procs)]
+        for p in ps:
+            p.start()
+        results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        try:
+            while len(results) < procs:
+                try:
+                    kind, rank, payload = queue.get(timeout=_SILENCE_S)
+                except queue_mod.Empty:
+                    raise ConfigError("--procs", f"the calibration processes sent nothing for {_SILENCE_S:.0f} s",
+                                      "run with --procs 1 to calibrate the device alone") from None
+                if kind == "progress":
+                    tell(*payload)
+                elif kind == "error":
+                    raise ConfigError("--procs", f"calibration process {rank} failed: {payload}",
+                                      "run with --procs 1 to calibrate the device alone")
+                else:
+                    results[rank] = payload
+        finally:
+            for p in ps:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.terminate()
+    return combine_cpu([results[r][0] for r in range(procs)], threads), results[0][1]
+
+
+def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
+    """The compute figures of processes that measured at the same time: their means."""
+    sizes = cpus[0]["gemm_flops_by_size"]
+    mean = statistics.fmean
+    cpu = {
+        "gemm_flops_by_size": {n: mean(c["gemm_flops_by_size"][n] for c in cpus) for n in sizes},
+        "memory_bandwidth_Bps": mean(c["memory_bandwidth_Bps"] for c in cpus),
+        "elementwise_Bps": mean(c["elementwise_Bps"] for c in cpus),
+        "kernel_overhead_s": mean(c["kernel_overhead_s"] for c in cpus),
+        "small_add_s": mean(c["small_add_s"] for c in cpus),
+        "small_matmul_s": mean(c["small_matmul_s"] for c in cpus),
+        "duration_cv": mean(c["duration_cv"] for c in cpus),
+        "threads": threads,
+    }
+    cpu["peak_fp32_flops"] = max(cpu["gemm_flops_by_size"].values())
+    return cpu
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return DEVICE_PRESETS["cpu"].memory_bytes
+
+
+def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
+    """A ``cpu`` DeviceSpec whose peaks are the measured rates: GEMM efficiency 1; memory
+    efficiency the element-wise kernels' rate over the copy's."""
+    bw = float(m["memory_bandwidth_Bps"])
+    return dataclasses.replace(
+        DEVICE_PRESETS["cpu"],
+        peak_fp32_flops=float(m["peak_fp32_flops"]),
+        memory_bytes=int(_memory_bytes()),
+        memory_bandwidth_Bps=float(m["memory_bandwidth_Bps"]),
+        sm_count=int(m["threads"]),
+        gemm_efficiency=1.0,
+        # what element-wise kernels sustain relative to the copy (1 when not measured)
+        memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw)) / bw),
+        kernel_overhead_s=float(m["kernel_overhead_s"]),
+        host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
+        duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
+    )
+
+
