@@ -7,12 +7,22 @@ like any ``ValueError``.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any, TypeVar
 
 E = TypeVar("E", bound=Enum)
 
-__all__ = ["ConfigError", "ParatrainError", "parse_enum", "require_positive", "require_positive_int"]
+__all__ = [
+    "ConfigError",
+    "ParatrainError",
+    "parse_enum",
+    "require_at_most",
+    "require_bool",
+    "require_finite",
+    "require_positive",
+    "require_positive_int",
+]
 
 
 class ParatrainError(Exception):
@@ -35,11 +45,23 @@ class ConfigError(ParatrainError, ValueError):
         super().__init__(msg.replace("\n", " "))
 
 
-def require_positive(field: str, value: object, *, allow_zero: bool = False) -> None:
-    """Raise :class:`ConfigError` unless ``value`` is a positive (or non-negative) number."""
+def require_finite(field: str, value: object) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite number (not NaN, not ±inf, not a bool).
+
+    JSON, YAML and the CLI's float flags all accept ``nan``/``inf``; every comparison with NaN is
+    false, so an unchecked NaN passes ``x <= 0`` tests and poisons every result downstream.
+    """
     ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok_type:
         raise ConfigError(field, f"must be a number, got {value!r}", f"set {field} to a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number, got {value}", f"set {field} to a finite value")
+
+
+def require_positive(field: str, value: object, *, allow_zero: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite positive (or non-negative) number."""
+    require_finite(field, value)
+    assert isinstance(value, (int, float))
     if value < 0 or (value == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
         raise ConfigError(field, f"must be {bound}, got {value}", f"set {field} to a {bound} value")
@@ -51,6 +73,25 @@ def require_positive_int(field: str, value: object) -> None:
         raise ConfigError(field, f"must be an integer, got {value!r}", f"set {field} to an integer")
     if value <= 0:
         raise ConfigError(field, f"must be positive, got {value}", f"set {field} to at least 1")
+
+
+def require_bool(field: str, value: object) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is ``True`` or ``False`` (a file's ``"yes"`` or
+    ``1`` would otherwise pass every truth test)."""
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"must be true or false, got {value!r}", f"set {field} to true or false")
+
+
+def require_at_most(field: str, value: int | float, limit: int | float, why: str) -> None:
+    """Raise :class:`ConfigError` if ``value`` exceeds ``limit``; ``why`` says what the limit guards.
+
+    Limits keep absurd input (``--gpus 1e9``) from hanging or exhausting memory; they sit far
+    beyond any real job.
+    """
+    if value > limit:
+        raise ConfigError(
+            field, f"{value:,} exceeds the limit of {limit:,} ({why})", f"use a value of at most {limit:,}"
+        )
 
 
 def parse_enum(cls: type[E], field: str, value: Any) -> E:

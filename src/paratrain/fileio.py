@@ -24,14 +24,18 @@ def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents:
     """``path`` as a :class:`Path` if a file can be written there, else a one-line ConfigError.
 
     Checked: the path is not a directory, and its directory is writable or can be created
-    (created here with ``make_parents``; :func:`atomic_writer` creates it). Nothing is written. Call this for every output flag before
-    starting long work, so a typo costs seconds, not a training run.
+    (created here with ``make_parents``; :func:`atomic_writer` creates it). Nothing is written.
+    Call this for every output flag before starting long work, so a typo costs seconds, not a
+    training run.
     """
     p = Path(path)
     if str(path) == "":
         raise ConfigError(field, "empty output path", f"give {field} a file name")
     if p.is_dir():
         raise ConfigError(field, f"{str(p)!r} is a directory", f"give {field} a file name inside it")
+    if p.exists() and not p.is_file():
+        # A device, FIFO or socket (/dev/null, /dev/stdout): the rename would replace the node itself.
+        raise ConfigError(field, f"{str(p)!r} is not a regular file", f"give {field} the path of a file")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.exists():
         if make_parents:
@@ -68,11 +72,15 @@ def atomic_writer(path: str | os.PathLike[str], field: str, *, binary: bool = Fa
     ``OSError`` (full disk, permissions) becomes one ConfigError line naming ``field``.
     """
     target = check_output_path(path, field, make_parents=True)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))  # replace the file the link points to, keep the link
     parent = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise ConfigError(field, f"cannot write {str(target)!r}: {e.strerror or e}", "choose a writable location") from None
+        raise ConfigError(
+            field, f"cannot write {str(target)!r}: {e.strerror or e}", "choose a writable location"
+        ) from None
     try:
         mode = "wb" if binary else "w"
         with os.fdopen(fd, mode, **({} if binary else {"encoding": "utf-8", "newline": ""})) as fh:
@@ -80,10 +88,8 @@ def atomic_writer(path: str | os.PathLike[str], field: str, *, binary: bool = Fa
             fh.flush()
             os.fsync(fh.fileno())
         # Keep the permissions an existing file had (mkstemp creates 0600).
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(tmp, os.stat(target).st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
-        except OSError:
-            pass
         os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -65,11 +65,46 @@ def test_errors_and_summary():
         (HEADER_MULTI, "no data rows"),
         (HEADER_MULTI + "3.6,64,512,x,3072,32,30,2048,2,32,1,3975.2\n", "line 2"),
         (HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,-1\n", "non-positive"),
+        (HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,nan\n", "time_ms is 'nan', not a finite number"),
+        (HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,inf\n", "time_ms is 'inf', not a finite number"),
+        (HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,inf,1,100\n", "dp is 'inf', not a finite number"),
+        (HEADER_MULTI + "3.6,64,512,8.5,3072,32,30,2048,2,32,1,100\n", "microbatch is '8.5', not a whole number"),
+        # A billion GPUs: refused by the layout's limits on the line, not simulated.
+        (HEADER_MULTI + "1,1000000000,1000000000,1,1024,16,24,1024,1,1000000000,1,100\n", "line 2: dp"),
+        (HEADER_MULTI + "3.6,64,512,8,3072,32,30,4000000000,2,32,1,100\n", "line 2: seq"),
     ],
 )
 def test_bad_csv(text, needle):
-    with pytest.raises(ConfigError, match=needle):
+    with pytest.raises(ConfigError, match=needle) as ei:
         parse_vtrain_csv(text)
+    assert "fix:" in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("name, rows", [("ground_truth_multi.csv", 109), ("ground_truth_single.csv", 1440)])
+def test_shipped_data_parses(name, rows):
+    """The measured runs ship inside the package, with their source and licence."""
+    from paratrain.data import VTRAIN_DIR, vtrain_path
+
+    runs = parse_vtrain_csv(vtrain_path(name).read_text(encoding="utf-8-sig"), name)
+    assert len(runs) == rows
+    assert all(r.tp * r.dp * r.pp == r.gpus and r.time_s > 0 for r in runs)
+    assert "MIT" in (VTRAIN_DIR / "README.md").read_text() and "Permission is hereby granted" in (
+        VTRAIN_DIR / "LICENSE"
+    ).read_text()
+    luts = sorted((VTRAIN_DIR / "allreduce_lut" / "a100").glob("AR_GPU*_LUT.csv"))
+    assert [int(p.name.split("_")[1][3:]) for p in luts] == list(range(2, 9))
+
+
+def test_predict_reports_progress():
+    from paratrain.plan.validate import predict
+
+    runs = parse_vtrain_csv(
+        HEADER_MULTI + "3.6,64,512,8,3072,32,30,2048,2,32,1,1000\n3.6,64,512,8,3072,32,30,2048,2,32,1,2000\n"
+    )
+    seen: list[tuple[int, int]] = []
+    out = predict(runs, resolve_cluster("dgx-a100"), VTRAIN_A100, megatron_predictor("analytic"),
+                  progress=lambda d, t: seen.append((d, t)))
+    assert len(out) == 2 and seen == [(1, 2), (2, 2)]
 
 
 HEADER_SINGLE = (

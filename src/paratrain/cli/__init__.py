@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(0) from None
         if "UsageError" in kinds:
             ctx = getattr(e, "ctx", None)
-            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            hint = f" (fix: see `{ctx.command_path} --help`)" if ctx is not None else " (fix: see `paratrain --help`)"
             fail(f"{e.format_message()}{hint}".replace("\n", " "))  # type: ignore[attr-defined]
         if "Abort" in kinds:
             print("paratrain: aborted", file=sys.stderr)

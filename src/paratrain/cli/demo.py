@@ -20,7 +20,12 @@ import typer
 from rich.console import Console
 from rich.rule import Rule
 
+from paratrain.errors import ConfigError
+
 __all__ = ["register", "demo"]
+
+# The real run is a demonstration on a 2-layer model, not a training job.
+_MAX_STEPS = 100_000
 
 
 def register(app: typer.Typer) -> None:
@@ -31,12 +36,35 @@ def _run(console: Console, title: str, argv: list[str]) -> None:
     from paratrain.cli import main
 
     console.print(Rule(title))
-    console.print(f"$ paratrain {shlex.join(argv)}", style="bold")
+    # A command is meant to be copied: never wrapped, whatever the width or the pipe.
+    console.print(f"$ paratrain {shlex.join(argv)}", style="bold", soft_wrap=True, markup=False, highlight=False)
     try:
         main(argv)
     except SystemExit as e:
         if e.code not in (0, None):
             raise
+
+
+def _check_arguments(out: Path, steps: int, model: str, gpus: int, global_batch: int) -> None:
+    """Every argument, before the first step: a typo must not cost the plan and the simulation."""
+    from paratrain.fileio import check_output_path
+    from paratrain.spec.cluster import resolve_cluster
+    from paratrain.spec.model import resolve_model
+
+    if steps < 1:
+        raise ConfigError("--steps", f"must be at least 1, got {steps}", "e.g. --steps 40")
+    if steps > _MAX_STEPS:
+        raise ConfigError("--steps", f"{steps:,} exceeds the limit of {_MAX_STEPS:,}", f"use at most {_MAX_STEPS:,}")
+    if gpus < 1:
+        raise ConfigError("--gpus", f"must be positive, got {gpus}", "set --gpus to at least 1")
+    if global_batch < 1:
+        raise ConfigError("--global-batch", f"must be positive, got {global_batch}", "e.g. --global-batch 1536")
+    resolve_model(model, "--model")
+    resolve_cluster("dgx-a100", "--gpus", gpus=gpus)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{str(out)!r} exists and is not a directory", "give a directory for the files")
+    for name in ("plan.json", "timeline.png", "trace.json", "metrics.jsonl"):
+        check_output_path(out / name, "--out")
 
 
 def demo(
@@ -48,8 +76,14 @@ def demo(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to plan for (dgx-a100 nodes of 8).")] = 1024,
     global_batch: Annotated[int, typer.Option("--global-batch", help="Global batch to plan for.")] = 1536,
 ) -> None:
+    _check_arguments(out, steps, model, gpus, global_batch)
     console = Console()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            "--out", f"cannot create {str(out)!r}: {e.strerror or e}", "choose a writable directory"
+        ) from None
     plan_doc = out / "plan.json"
     _run(
         console,

@@ -4,38 +4,38 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from paratrain.cli.options import print_json
+from paratrain.cli.options import as_flag_error, print_json
+from paratrain.errors import ConfigError
 
-__all__ = ["run_sweep", "print_advice", "sweep_rows"]
+if TYPE_CHECKING:
+    from paratrain.plan.sweep import SweepPoint
+
+__all__ = ["run_sweep", "print_advice", "sweep_rows", "progress_bar"]
 
 
-def sweep_rows(points: list) -> list[dict[str, Any]]:
+def sweep_rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
+    from paratrain.plan.report import LAYOUT_FIELDS, layout_row
+
     rows = []
     for pt in points:
         row: dict[str, Any] = {pt.variable: pt.value}
         if pt.result is None:
-            row["error"] = pt.error
+            row["error"] = str(as_flag_error(pt.error)) if pt.error is not None else None
         else:
             w = pt.result.winner
             cfg, m = w.config, w.metrics
             row.update(
                 gpus=cfg.world_size,
                 global_batch=cfg.global_batch,
-                dp=cfg.dp,
-                tp=cfg.tp,
-                pp=cfg.pp,
-                microbatch=cfg.microbatch,
-                schedule=cfg.schedule.value,
-                virtual_stages=cfg.virtual_stages,
-                recompute=cfg.recompute.value,
-                sequence_parallel=cfg.sequence_parallel,
-                optimizer_sharding=cfg.optimizer_sharding,
+                **layout_row(cfg, LAYOUT_FIELDS[:-1]),  # the mesh order is not a sweep column
                 iteration_time_s=m.iteration_time_s,
                 tokens_per_s=m.tokens_per_s,
                 tflops_per_gpu=m.tflops_per_gpu,
@@ -81,8 +81,51 @@ def _plot(rows: list[dict[str, Any]], variable: str, path: Path, title: str) -> 
         )
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from paratrain.fileio import atomic_writer
+
+    try:
+        with atomic_writer(path, "--plot", binary=True) as fh:
+            fig.savefig(fh, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def _check_values(variable: str, values: list[int]) -> None:
+    """Sweep values past the specs' hard limits are input errors, not rows of "no configuration"."""
+    from paratrain.parallel.config import MAX_GLOBAL_BATCH
+    from paratrain.spec.cluster import MAX_DEVICES
+    from paratrain.spec.model import SHAPE_LIMITS
+
+    limit, what = {
+        "gpus": (MAX_DEVICES, "devices"),
+        "batch": (MAX_GLOBAL_BATCH, "samples per iteration"),
+        "seq": (SHAPE_LIMITS["seq"], "tokens per sequence"),
+    }.get(variable, (None, ""))
+    for v in values:
+        if limit is not None and v > limit:
+            raise ConfigError(
+                "--sweep", f"{variable}={v:,} exceeds the limit of {limit:,} ({what})", f"use values up to {limit:,}"
+            )
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
+    """A progress bar on stderr when it is a terminal (not with ``--json``): yields
+    ``tick(done, total)``; piped, redirected or quiet, the callback does nothing."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=sys.stderr)
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def run_sweep(
@@ -96,17 +139,33 @@ def run_sweep(
     table_out: Path | None,
     json_out: bool,
 ) -> None:
+    from paratrain.fileio import atomic_writer, check_output_path
     from paratrain.plan.search import plan
     from paratrain.plan.sweep import parse_sweep, sweep
 
     variable, values = parse_sweep(text)
-    points = sweep(model, cluster, global_batch, variable, values, plan, **kwargs)
+    _check_values(variable, values)
+    if plot is not None:
+        check_output_path(plot, "--plot")
+    if table_out is not None:
+        check_output_path(table_out, "--table")
+    with progress_bar(f"sweeping {variable}", json_out) as tick:
+        done = [0]
+
+        def planner(*a: Any, **kw: Any) -> Any:
+            try:
+                return plan(*a, **kw)
+            finally:
+                done[0] += 1
+                tick(done[0], len(values))
+
+        points = sweep(model, cluster, global_batch, variable, values, planner, **kwargs)
     rows = sweep_rows(points)
     if table_out is not None:
         keys: list[str] = []
         for r in rows:
             keys += [k for k in r if k not in keys]
-        with table_out.open("w", newline="") as fh:
+        with atomic_writer(table_out, "--table") as fh:
             w = csv.DictWriter(fh, fieldnames=keys)
             w.writeheader()
             w.writerows(rows)

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from paratrain.cli.options import JsonOpt, print_json
+
+
+def _column(t: Table, name: str, justify: Literal["left", "right"] = "left") -> None:
+    # Every cell is a name or a number that users type or compare: never wrapped inside a cell.
+    t.add_column(name, justify=justify, no_wrap=True)
+
+
+def _print(con: Console, t: Table) -> None:
+    """Print ``t`` at its natural width: wider than the terminal, the terminal wraps whole lines
+    rather than rich cutting names short (``gpt2-mediu…``)."""
+    need = Measurement.get(con, con.options.update(max_width=1_000), t).maximum
+    (con if need <= con.width else Console(width=need, force_terminal=con.is_terminal)).print(t)
 
 
 def register(app: typer.Typer) -> None:
@@ -33,7 +48,7 @@ def presets(json_out: JsonOpt = False) -> None:
     con = Console()
     t = Table(title="Models")
     for col in ("name", "arch", "layers", "hidden", "heads", "kv", "ffn", "seq", "vocab", "params"):
-        t.add_column(col, justify="left" if col in ("name", "arch") else "right")
+        _column(t, col, justify="left" if col in ("name", "arch") else "right")
     for n, m in models.items():
         t.add_row(
             n,
@@ -47,10 +62,10 @@ def presets(json_out: JsonOpt = False) -> None:
             str(m.vocab),
             f"{m.param_count() / 1e9:.3f}B",
         )
-    con.print(t)
+    _print(con, t)
     t = Table(title="Devices")
     for col in ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory GiB", "HBM GB/s", "SMs"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+        _column(t, col, justify="left" if col == "name" else "right")
     for n, d in DEVICE_PRESETS.items():
         t.add_row(
             n,
@@ -60,10 +75,10 @@ def presets(json_out: JsonOpt = False) -> None:
             f"{d.memory_bandwidth_Bps / 1e9:.0f}",
             str(d.sm_count),
         )
-    con.print(t)
+    _print(con, t)
     t = Table(title="Clusters (size with --nodes/--gpus)")
     for col in ("name", "device", "per node", "intra GB/s", "NIC GB/s", "topology"):
-        t.add_column(col)
+        _column(t, col)
     for n, c in clusters.items():
         t.add_row(
             n,
@@ -73,4 +88,4 @@ def presets(json_out: JsonOpt = False) -> None:
             f"{c.inter_link.bandwidth_Bps / 1e9:.1f}",
             c.topology.kind.value,
         )
-    con.print(t)
+    _print(con, t)

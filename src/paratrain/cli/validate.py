@@ -1,8 +1,10 @@
 """``paratrain validate``: predicted vs measured iteration time, row by row; fit the efficiencies.
 
-    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_multi.csv --plot multi.png
-    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_single.csv --fit \\
-        --lut ../shared/perfmodel-groundtruth/vtrain/allreduce_lut/a100
+    paratrain validate vtrain-multi --plot multi.png
+    paratrain validate vtrain-single --fit --lut vtrain-a100
+
+``vtrain-multi``, ``vtrain-single`` and ``vtrain-a100`` name the measured runs and all-reduce tables
+shipped in ``paratrain/data/vtrain/`` (any CSV in the same format works too).
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.cli.options import ClusterOpt, JsonOpt, print_json
+from paratrain.cli.plan_sweep import progress_bar
 from paratrain.errors import ConfigError
 
-__all__ = ["register", "validate_command"]
+__all__ = ["register", "validate_command", "BUILTIN_DATA", "BUILTIN_LUTS"]
+
+# Data shipped with the package, by name (paths inside paratrain/data/vtrain).
+BUILTIN_DATA = {"vtrain-multi": "ground_truth_multi.csv", "vtrain-single": "ground_truth_single.csv"}
+BUILTIN_LUTS = {"vtrain-a100": "allreduce_lut/a100"}
+_MAX_EVALUATIONS = 10_000  # each evaluation predicts every fitted run: hours past this
 
 
 def register(app: typer.Typer) -> None:
@@ -27,9 +35,19 @@ def register(app: typer.Typer) -> None:
     )
 
 
+def _builtin(path: Path, names: dict[str, str]) -> Path:
+    from paratrain.data import vtrain_path
+
+    return vtrain_path(names[str(path)]) if str(path) in names else path
+
+
 def _read(path: Path, flag: str) -> str:
+    if path.is_dir():
+        raise ConfigError(flag, f"{str(path)!r} is a directory", "give a CSV file")
     if not path.is_file():
-        raise ConfigError(flag, f"file {str(path)!r} does not exist", "give an existing CSV file")
+        raise ConfigError(
+            flag, f"file {str(path)!r} does not exist", f"give a CSV file or one of: {', '.join(BUILTIN_DATA)}"
+        )
     try:
         return path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
@@ -75,8 +93,29 @@ def _scatter(path: Path, runs: list, predicted: list[float], title: str) -> None
     bar.ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from paratrain.fileio import atomic_writer
+
+    try:
+        with atomic_writer(path, "--plot", binary=True) as fh:
+            fig.savefig(fh, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def _lut_tables(lut: Path) -> list[tuple[Path, int]]:
+    """The all-reduce tables (file, GPU count) in the folder ``lut`` (or the shipped ``vtrain-a100``)."""
+    folder = _builtin(lut, BUILTIN_LUTS)
+    fix = f"give a folder of AR_GPU<n>_*.csv tables, or one of: {', '.join(BUILTIN_LUTS)}"
+    if not folder.is_dir():
+        raise ConfigError("--lut", f"{str(folder)!r} is not a directory", fix)
+    tables = []
+    for f in sorted(folder.glob("*.csv")):
+        m = re.search(r"GPU(\d+)", f.name)
+        if m is not None:
+            tables.append((f, int(m.group(1))))
+    if not tables:
+        raise ConfigError("--lut", f"no AR_GPU<n>_*.csv tables in {str(folder)!r}", fix)
+    return tables
 
 
 def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: int, json_out: bool) -> None:
@@ -87,18 +126,9 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
     bw, lat = base.intra_link.bandwidth_Bps, base.intra_link.latency_s
     samples: list = []
     if lut is not None:
-        if not lut.is_dir():
-            raise ConfigError("--lut", f"{str(lut)!r} is not a directory", "give the folder of AR_GPU<n>_*.csv tables")
-        for f in sorted(lut.glob("*.csv")):
-            m = re.search(r"GPU(\d+)", f.name)
-            if m is None:
-                continue
-            rows = parse_allreduce_lut(_read(f, "--lut"), int(m.group(1)), str(f))
+        for f, ranks in _lut_tables(lut):
+            rows = parse_allreduce_lut(_read(f, "--lut"), ranks, str(f))
             samples += rows[::32]  # 32 sizes per GPU count span 1 MiB..1 GiB evenly
-        if not samples:
-            raise ConfigError(
-                "--lut", f"no AR_GPU<n>_*.csv tables in {str(lut)!r}", "point --lut at allreduce_lut/a100"
-            )
         bw, lat = fit_links(samples, base, collective_time)
     dev = base.device
     start = Calibration(
@@ -112,8 +142,18 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
     )
     subset = runs[::4]
     predictor = _predictor("analytic")
-    cal, report = fit(subset, base, predictor, start=start, max_evaluations=evaluations)
-    errs = errors_pct(runs, predict(runs, base, cal, predictor))
+    with progress_bar("fitting: runs predicted", json_out) as tick:
+        count = [0]
+
+        def counted(*a: Any) -> float:
+            # The optimizer's own Jacobian steps add evaluations: the count has no known total.
+            count[0] += 1
+            tick(count[0], None)
+            return predictor(*a)
+
+        cal, report = fit(subset, base, counted, start=start, max_evaluations=evaluations)
+    with progress_bar("predicting", json_out) as tick:
+        errs = errors_pct(runs, predict(runs, base, cal, predictor, progress=tick))
     doc = {
         "calibration": cal.to_dict(),
         "fit": report,
@@ -126,7 +166,9 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
         print_json(doc)
         return
     con = Console()
-    con.print(f"fitted on {len(subset)} of {len(runs)} runs of {data} ({report['evaluations']} evaluations)")
+    con.print(
+        f"fitted on {len(subset)} of {len(runs)} runs of {data} ({report['evaluations']} evaluations)", soft_wrap=True
+    )
     for k, v in cal.to_dict().items():
         con.print(f"  {k:<22} {v:.6g}")
     s = doc["summary_all_rows"]
@@ -134,7 +176,10 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
 
 
 def validate_command(
-    data: Annotated[Path, typer.Argument(help="CSV of measured runs (vTrain ground-truth format).")],
+    data: Annotated[
+        Path,
+        typer.Argument(help="CSV of measured runs (vTrain ground-truth format), or vtrain-multi / vtrain-single."),
+    ],
     cluster: ClusterOpt = "dgx-a100",
     calibration: Annotated[str, typer.Option("--calibration", help="vtrain-a100 (fitted) or none (presets).")] = (
         "vtrain-a100"
@@ -144,7 +189,8 @@ def validate_command(
     rows: Annotated[int, typer.Option("--rows", help="Rows of the per-run table (largest errors first).")] = 15,
     fit_params: Annotated[bool, typer.Option("--fit", help="Fit the efficiency parameters to DATA instead.")] = False,
     lut: Annotated[
-        Path | None, typer.Option("--lut", help="With --fit: folder of nccl-tests all-reduce tables.")
+        Path | None,
+        typer.Option("--lut", help="With --fit: folder of nccl-tests all-reduce tables, or vtrain-a100."),
     ] = None,
     evaluations: Annotated[int, typer.Option("--evaluations", help="With --fit: optimizer evaluations.")] = 40,
     json_out: JsonOpt = False,
@@ -153,17 +199,37 @@ def validate_command(
     from paratrain.plan.calibrated import CALIBRATIONS
     from paratrain.plan.validate import errors_pct, parse_vtrain_csv, predict, summary
 
+    # Every flag is checked before the first prediction.
+    if rows < 0:
+        raise ConfigError("--rows", f"must be at least 0, got {rows}", "e.g. --rows 15")
+    if not 1 <= evaluations <= _MAX_EVALUATIONS:
+        raise ConfigError(
+            "--evaluations", f"must be in 1..{_MAX_EVALUATIONS:,}, got {evaluations:,}", "e.g. --evaluations 40"
+        )
+    if calibration not in CALIBRATIONS and calibration != "none":
+        raise ConfigError(
+            "--calibration", f"unknown calibration {calibration!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
+        )
+    if plot is not None:
+        from paratrain.fileio import check_output_path
+
+        check_output_path(plot, "--plot")
+    if lut is not None and not fit_params:
+        raise ConfigError("--lut", "is used only with --fit", "add --fit or drop --lut")
+    if plot is not None and fit_params:
+        raise ConfigError("--plot", "is not drawn with --fit", "drop --plot, or run without --fit to plot")
+    if lut is not None:
+        _lut_tables(lut)
+    data = _builtin(data, BUILTIN_DATA)
+    predictor_fn = _predictor(engine)
     runs = parse_vtrain_csv(_read(data, "DATA"), str(data))
     base = resolve_cluster_opts(cluster)
     if fit_params:
         _fit(data, runs, base, lut, evaluations, json_out)
         return
-    if calibration not in CALIBRATIONS and calibration != "none":
-        raise ConfigError(
-            "--calibration", f"unknown calibration {calibration!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
-        )
     cal = CALIBRATIONS.get(calibration)
-    predicted = predict(runs, base, cal, _predictor(engine))
+    with progress_bar("predicting", json_out) as tick:
+        predicted = predict(runs, base, cal, predictor_fn, progress=tick)
     errs = errors_pct(runs, predicted)
     summ = summary(errs)
     if plot is not None:

@@ -16,14 +16,30 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paratrain.errors import ConfigError, parse_enum, require_positive_int
+from paratrain.errors import ConfigError, parse_enum, require_at_most, require_bool, require_positive_int
 
 if TYPE_CHECKING:
     from paratrain.spec.model import ModelSpec
 
-__all__ = ["ParallelConfig", "Recompute", "ScheduleName", "AXES"]
+__all__ = [
+    "AXES",
+    "MAX_GLOBAL_BATCH",
+    "MAX_MICROBATCHES",
+    "MAX_WORLD_SIZE",
+    "ParallelConfig",
+    "Recompute",
+    "ScheduleName",
+]
 
 AXES = ("pp", "dp", "tp")
+
+# Bounds far past real jobs (the largest published runs use ~10^5 GPUs and a few hundred
+# micro-batches per pipeline); beyond them the simulator and the planner would run for hours on a
+# typo such as ``--gpus 1e9`` or ``--global-batch 1000000000``.
+MAX_WORLD_SIZE = 2**20  # devices
+MAX_MICROBATCH = 2**20  # samples per micro-batch
+MAX_MICROBATCHES = 2**14  # micro-batches per pipeline per iteration (GPT-1T in Megatron-LM: 512)
+MAX_GLOBAL_BATCH = 2**24  # samples per iteration (GPT-3 175B trained at 1,536)
 
 
 class ScheduleName(str, Enum):
@@ -82,11 +98,27 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "microbatch", "virtual_stages"):
             require_positive_int(f, getattr(self, f))
+        for f in ("dp", "tp", "pp"):
+            require_at_most(f, getattr(self, f), MAX_WORLD_SIZE, "devices")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ConfigError(
+                "dp*tp*pp",
+                f"dp({self.dp})*tp({self.tp})*pp({self.pp}) = {self.world_size:,} devices exceed the limit of "
+                f"{MAX_WORLD_SIZE:,}",
+                "use fewer devices",
+            )
+        require_at_most("microbatch", self.microbatch, MAX_MICROBATCH, "samples per micro-batch")
+        require_at_most("virtual_stages", self.virtual_stages, 1024, "model chunks per pipeline rank")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.dp * self.microbatch * self.pp)
         require_positive_int("global_batch", self.global_batch)
+        require_at_most("global_batch", self.global_batch, MAX_GLOBAL_BATCH, "samples per iteration")
+        for f in ("sequence_parallel", "optimizer_sharding"):
+            require_bool(f, getattr(self, f))
         object.__setattr__(self, "schedule", parse_enum(ScheduleName, "schedule", self.schedule))
         object.__setattr__(self, "recompute", parse_enum(Recompute, "recompute", self.recompute))
+        if not isinstance(self.mesh_order, (list, tuple)):
+            raise ConfigError("mesh_order", f"must be a list of axes, got {self.mesh_order!r}", "e.g. pp,dp,tp")
         order = tuple(str(a) for a in self.mesh_order)
         if sorted(order) != sorted(AXES):
             raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
@@ -98,6 +130,13 @@ class ParallelConfig:
                 f" = {self.dp * self.microbatch}",
                 f"use a multiple of {self.dp * self.microbatch}",
             )
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise ConfigError(
+                "global_batch",
+                f"global batch {self.global_batch:,} / (dp({self.dp}) * microbatch({self.microbatch})) ="
+                f" {self.num_microbatches:,} micro-batches per pipeline, over the limit of {MAX_MICROBATCHES:,}",
+                "use a smaller global batch or a larger micro-batch",
+            )
         if self.virtual_stages > 1 and self.schedule is not ScheduleName.INTERLEAVED:
             raise ConfigError(
                 "virtual_stages",
@@ -105,7 +144,13 @@ class ParallelConfig:
                 "use --schedule interleaved or --virtual-stages 1",
             )
         if self.partition is not None:
-            part = tuple(int(x) for x in self.partition)
+            if not isinstance(self.partition, (list, tuple)) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in self.partition
+            ):
+                raise ConfigError(
+                    "partition", f"must be a list of layer counts, got {self.partition!r}", "e.g. 13,12,12,11"
+                )
+            part = tuple(self.partition)
             object.__setattr__(self, "partition", part)
             if len(part) != self.num_chunks:
                 raise ConfigError(
@@ -263,7 +308,14 @@ def load_run_document(path: str | Path, field: str = "--config") -> dict[str, An
     doc = load_document(path, field)
     if "config" in doc and isinstance(doc["config"], dict):
         doc = doc["config"]
+    for key in ("model", "cluster"):
+        if key in doc and not isinstance(doc[key], (str, dict)):
+            raise ConfigError(
+                f"{field} {key}", f"must be a preset name or a mapping, got {doc[key]!r}", f"fix or remove {key}"
+            )
     if "parallel" in doc:
+        if not isinstance(doc["parallel"], dict):
+            raise ConfigError(f"{field} parallel", f"must be a mapping, got {doc['parallel']!r}", "e.g. {dp: 2, tp: 4}")
         out = {k: v for k, v in doc.items() if k != "parallel"}
         out["parallel"] = ParallelConfig.from_dict(doc["parallel"], field)
         return out

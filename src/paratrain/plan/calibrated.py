@@ -2,8 +2,9 @@
 
 ``VTRAIN_A100`` was fitted on 2026-11-22 with
 
-    paratrain validate ../shared/perfmodel-groundtruth/vtrain/ground_truth_single.csv \\
-        --fit --lut ../shared/perfmodel-groundtruth/vtrain/allreduce_lut/a100
+    paratrain validate vtrain-single --fit --lut vtrain-a100
+
+(the measured runs and all-reduce tables shipped in ``paratrain/data/vtrain/``)
 
 in two steps: (1) the intra-node link's bandwidth and latency, by least squares on the log of the
 nccl-tests all-reduce times of 2–8 A100s in one node (vTrain's ``AR_GPU*_LUT`` microbenchmarks,

@@ -1,7 +1,7 @@
 """Predicted vs measured iteration time, and the fit of the efficiency parameters.
 
-Measured data: the vTrain ground truth (Megatron-DeepSpeed on A100, ``../shared/perfmodel-
-groundtruth/vtrain/README.md``): full activation recomputation, 1F1B, 8 GPUs per node, no
+Measured data: the vTrain ground truth (Megatron-DeepSpeed on A100, shipped in
+``paratrain/data/vtrain/``, see its README): full activation recomputation, 1F1B, 8 GPUs per node, no
 gradient bucketing (so the data-parallel all-reduce does not overlap the backward), CSV columns
 in the order TP, **DP**, PP. Each row becomes a GPT model, a cluster and a
 :class:`ParallelConfig`, and the predicted iteration time comes from the simulator (or the
@@ -136,21 +136,35 @@ def parse_vtrain_csv(text: str, source: str = "DATA.csv") -> list[MeasuredRun]:
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not x.strip() for x in row):
             continue
+        where = f"{source} line {lineno}"
         try:
             vals = {k: row[i].strip() for k, i in index.items()}
-            ints = {k: int(float(v)) for k, v in vals.items() if k != "time_ms"}
-            t = float(vals["time_ms"]) / 1e3
+            floats = {k: float(v) for k, v in vals.items()}
         except (ValueError, IndexError):
-            raise ConfigError(f"{source} line {lineno}", f"cannot read {row!r}", "fix or remove the line") from None
+            raise ConfigError(where, f"cannot read {row!r}", "fix or remove the line") from None
+        bad = [k for k, v in floats.items() if not math.isfinite(v)]
+        if bad:
+            raise ConfigError(where, f"{bad[0]} is {vals[bad[0]]!r}, not a finite number", "fix or remove the line")
+        frac = [k for k, v in floats.items() if k != "time_ms" and v != int(v)]
+        if frac:
+            raise ConfigError(where, f"{frac[0]} is {vals[frac[0]]!r}, not a whole number", "fix or remove the line")
+        ints = {k: int(v) for k, v in floats.items() if k != "time_ms"}
+        t = floats["time_ms"] / 1e3
         if t <= 0 or min(ints.values()) <= 0:
-            raise ConfigError(f"{source} line {lineno}", "has a non-positive value", "fix or remove the line")
+            raise ConfigError(where, "has a non-positive value", "fix or remove the line")
         if ints["tp"] * ints["dp"] * ints["pp"] != ints["gpus"]:
             raise ConfigError(
-                f"{source} line {lineno}",
+                where,
                 f"tp*dp*pp = {ints['tp'] * ints['dp'] * ints['pp']} is not the {ints['gpus']} GPUs",
                 "check the column order (TP, DP, PP)",
             )
-        runs.append(MeasuredRun(time_s=t, line=lineno, **ints))
+        run = MeasuredRun(time_s=t, line=lineno, **ints)
+        try:  # the run's model and layout are checked here, so a bad row names its line
+            run_model(run)
+            run_config(run)
+        except ConfigError as e:
+            raise ConfigError(where, f"{e.field}: {e.problem}", e.fix) from None
+        runs.append(run)
     if not runs:
         raise ConfigError(source, "has no data rows", "give a vTrain ground-truth CSV")
     return runs
@@ -293,15 +307,25 @@ def megatron_predictor(engine: str) -> Predictor:
 
 
 def predict(
-    runs: Sequence[MeasuredRun], base: ClusterSpec, calibration: Calibration | None, predictor: Predictor
+    runs: Sequence[MeasuredRun],
+    base: ClusterSpec,
+    calibration: Calibration | None,
+    predictor: Predictor,
+    *,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[float]:
-    """Predicted iteration time of every run (seconds)."""
+    """Predicted iteration time of every run (seconds); ``progress(done, total)`` after each."""
     clusters: dict[int, ClusterSpec] = {}
     out = []
     for r in runs:
         if r.gpus not in clusters:
-            clusters[r.gpus] = vtrain_cluster(base, r.gpus, calibration)
+            try:
+                clusters[r.gpus] = vtrain_cluster(base, r.gpus, calibration)
+            except ConfigError as e:
+                raise ConfigError(f"line {r.line}", f"{e.field}: {e.problem}", e.fix) from None
         out.append(predictor(run_model(r), clusters[r.gpus], run_config(r)))
+        if progress is not None:
+            progress(len(out), len(runs))
     return out
 
 

@@ -13,10 +13,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError, require_positive, require_positive_int
+from paratrain.errors import ConfigError, require_at_most, require_bool, require_positive, require_positive_int
 from paratrain.spec.device import DeviceSpec, resolve_device
 
-__all__ = ["ClusterSpec", "LinkSpec", "Topology", "TopologyKind", "resolve_cluster"]
+__all__ = ["ClusterSpec", "LinkSpec", "Topology", "TopologyKind", "resolve_cluster", "MAX_DEVICES"]
+
+# A million devices: ten times the largest published training clusters (~10^5 GPUs). Past it a
+# typo (``--gpus 1e9``) would make the planner and the simulator run for hours.
+MAX_DEVICES = 2**20
 
 
 class TopologyKind(str, Enum):
@@ -66,10 +70,15 @@ class Topology:
                 "use 1 for full bisection",
             )
         require_positive_int("topology.nodes_per_leaf", self.nodes_per_leaf)
-        object.__setattr__(self, "dims", tuple(self.dims))
-        object.__setattr__(self, "board", tuple(self.board))
+        require_bool("topology.in_network_reduction", self.in_network_reduction)
+        for f in ("dims", "board"):
+            v = getattr(self, f)
+            if not isinstance(v, (list, tuple)):
+                raise ConfigError(f"topology.{f}", f"must be a list of sizes, got {v!r}", f"give {f} as [a, b, ...]")
+            object.__setattr__(self, f, tuple(v))
         for i, d in enumerate(self.dims):
             require_positive_int(f"topology.dims[{i}]", d)
+            require_at_most(f"topology.dims[{i}]", d, MAX_DEVICES, "nodes")
         for i, d in enumerate(self.board):
             require_positive_int(f"topology.board[{i}]", d)
         want = {TopologyKind.TORUS_2D: 2, TopologyKind.TORUS_3D: 3}.get(self.kind)
@@ -98,8 +107,26 @@ class ClusterSpec:
     topology: Topology = field(default_factory=Topology)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError("name", f"must be a string, got {self.name!r}", "give the cluster a name")
+        for f, cls, fix in (
+            ("device", DeviceSpec, "give a device preset name or a mapping of device fields"),
+            ("intra_link", LinkSpec, "give {bandwidth_Bps: ..., latency_s: ...}"),
+            ("inter_link", LinkSpec, "give {bandwidth_Bps: ..., latency_s: ...}"),
+            ("topology", Topology, "give a topology kind or a mapping with a 'kind' key"),
+        ):
+            if not isinstance(getattr(self, f), cls):
+                raise ConfigError(f, f"must be a {cls.__name__}, got {getattr(self, f)!r}", fix)
         require_positive_int("nodes", self.nodes)
         require_positive_int("devices_per_node", self.devices_per_node)
+        require_at_most("devices_per_node", self.devices_per_node, MAX_DEVICES, "devices")
+        if self.nodes * self.devices_per_node > MAX_DEVICES:
+            raise ConfigError(
+                "nodes",
+                f"{self.nodes:,} nodes × {self.devices_per_node} devices = {self.nodes * self.devices_per_node:,}"
+                f" devices exceed the limit of {MAX_DEVICES:,}",
+                "use fewer nodes (--nodes/--gpus)",
+            )
         t = self.topology
         if t.kind in (TopologyKind.TORUS_2D, TopologyKind.TORUS_3D) and t.dims:
             n = 1
@@ -137,6 +164,7 @@ class ClusterSpec:
             )
         if gpus is not None:
             require_positive_int("--gpus", gpus)
+            require_at_most("--gpus", gpus, MAX_DEVICES, "devices")
             if gpus < self.devices_per_node:
                 return dataclasses.replace(self, nodes=1, devices_per_node=gpus, topology=_refit(self.topology, 1))
             if gpus % self.devices_per_node:
@@ -148,6 +176,7 @@ class ClusterSpec:
             nodes = gpus // self.devices_per_node
         if nodes is not None:
             require_positive_int("--nodes", nodes)
+            require_at_most("--nodes", nodes * self.devices_per_node, MAX_DEVICES, "devices: nodes × devices per node")
             return dataclasses.replace(self, nodes=nodes, topology=_refit(self.topology, nodes))
         return self
 
@@ -174,19 +203,28 @@ def _refit(t: Topology, nodes: int) -> Topology:
 
 
 def from_document(doc: dict[str, Any], field_name: str = "--cluster") -> ClusterSpec:
+    if not isinstance(doc, dict):
+        raise ConfigError(field_name, f"must be a mapping of cluster fields, got {doc!r}", "give a preset or a mapping")
     doc = dict(doc)
     base: ClusterSpec | None = None
     if "preset" in doc:
         base = resolve_cluster(str(doc.pop("preset")), field_name)
     if "device" in doc:
+        from paratrain.spec.device import from_document as device_from_document
+
         dev = doc["device"]
-        doc["device"] = resolve_device(dev, f"{field_name} device") if isinstance(dev, str) else DeviceSpec(**dev)
+        if isinstance(dev, str):
+            doc["device"] = resolve_device(dev, f"{field_name} device")
+        elif isinstance(dev, dict):
+            doc["device"] = device_from_document(dev, f"{field_name} device")
     for k in ("intra_link", "inter_link"):
         if k in doc and isinstance(doc[k], dict):
             try:
                 doc[k] = LinkSpec(**doc[k])
             except TypeError as e:
                 raise ConfigError(f"{field_name} {k}", str(e), "give bandwidth_Bps and latency_s") from None
+    if "topology" in doc and isinstance(doc["topology"], str):
+        doc["topology"] = {"kind": doc["topology"]}
     if "topology" in doc and isinstance(doc["topology"], dict):
         try:
             doc["topology"] = Topology(**doc["topology"])
@@ -198,9 +236,9 @@ def from_document(doc: dict[str, Any], field_name: str = "--cluster") -> Cluster
         raise ConfigError(
             f"{field_name} key {unknown[0]!r}", "is not a cluster field", f"use keys among: {', '.join(sorted(known))}"
         )
-    if base is not None:
-        return dataclasses.replace(base, **doc)
     try:
+        if base is not None:
+            return dataclasses.replace(base, **doc)
         return ClusterSpec(**doc)
     except TypeError as e:
         raise ConfigError(field_name, str(e), "check the cluster file's keys") from None
@@ -223,8 +261,11 @@ def resolve_cluster(
         spec = cluster_preset(key)
     else:
         p = Path(name_or_path)
-        if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
-            spec = from_document(load_document(p, field_name), field_name)
+        if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.exists():
+            from paratrain.spec._files import loading_preset_file
+
+            with loading_preset_file(p, field_name):
+                spec = from_document(load_document(p, field_name), field_name)
         else:
             raise ConfigError(
                 field_name,

@@ -79,9 +79,9 @@ def cpu_links() -> LinkSpec | None:
     path = cpu_cluster_calibration_path()
     if path.is_file():
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(path.read_text(encoding="utf-8"))
             return LinkSpec(bandwidth_Bps=float(doc["p2p_bandwidth_Bps"]), latency_s=float(doc["p2p_latency_s"]))
-        except (ValueError, KeyError, TypeError, ConfigError):
+        except (OSError, ValueError, KeyError, TypeError, ConfigError):
             pass  # a stale or damaged file falls back to the default, as the device's does
     return None
 

@@ -64,8 +64,15 @@ class DeviceSpec:
     # Run-to-run variability of one compute action's duration (standard deviation / mean). 0: every
     # action takes its modelled time; > 0: the simulator draws durations around it (sim.variability).
     duration_cv: float = 0.0
+    # Memory a training process cannot give to its tensors (see usable_memory_bytes): a fixed part
+    # (CUDA context, library workspaces, communication buffers) and the fraction of the rest the
+    # caching allocator loses to fragmentation. Presets: GPU_MEMORY_RESERVE in device_presets.
+    memory_reserved_bytes: int = 0
+    memory_fragmentation: float = 0.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError("name", f"must be a string, got {self.name!r}", "give the device a name")
         require_positive("peak_fp32_flops", self.peak_fp32_flops)
         require_positive("memory_bandwidth_Bps", self.memory_bandwidth_Bps)
         require_positive_int("memory_bytes", self.memory_bytes)
@@ -82,9 +89,32 @@ class DeviceSpec:
         require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
         require_positive("host_issue_s", self.host_issue_s, allow_zero=True)
         require_positive("duration_cv", self.duration_cv, allow_zero=True)
+        if not isinstance(self.memory_reserved_bytes, int) or isinstance(self.memory_reserved_bytes, bool):
+            raise ConfigError(
+                "memory_reserved_bytes", f"must be an integer, got {self.memory_reserved_bytes!r}", "give bytes"
+            )
+        if not 0 <= self.memory_reserved_bytes < self.memory_bytes:
+            raise ConfigError(
+                "memory_reserved_bytes",
+                f"must be in [0, memory_bytes = {self.memory_bytes}), got {self.memory_reserved_bytes}",
+                "give the bytes the CUDA context and communication buffers take, e.g. 1073741824",
+            )
+        require_positive("memory_fragmentation", self.memory_fragmentation, allow_zero=True)
+        if self.memory_fragmentation >= 0.9:
+            raise ConfigError(
+                "memory_fragmentation",
+                f"must be below 0.9, got {self.memory_fragmentation}",
+                "give the fraction of memory lost to fragmentation, e.g. 0.1",
+            )
         if self.duration_cv > 1:
             raise ConfigError("duration_cv", f"must be at most 1, got {self.duration_cv}",
                               "give the standard deviation of an action's duration over its mean, e.g. 0.1")
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Bytes the planner may fill with weights, gradients, optimizer state and activations:
+        ``(memory_bytes - memory_reserved_bytes) · (1 - memory_fragmentation)``."""
+        return int((self.memory_bytes - self.memory_reserved_bytes) * (1.0 - self.memory_fragmentation))
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; a dtype the device lacks falls back to the next wider one
@@ -116,6 +146,8 @@ def cpu_calibration_path() -> Path:
 
 
 def from_document(doc: dict[str, Any], field: str = "--device") -> DeviceSpec:
+    if not isinstance(doc, dict):
+        raise ConfigError(field, f"must be a mapping of device fields, got {doc!r}", "give a preset name or a mapping")
     doc = dict(doc)
     base = None
     if "preset" in doc:
@@ -145,15 +177,21 @@ def resolve_device(name_or_path: str, field: str = "--device") -> DeviceSpec:
         path = cpu_calibration_path()
         if path.is_file():
             try:
-                return from_document(json.loads(path.read_text()), f"{field} (calibration {path})")
-            except (ValueError, ConfigError):
-                pass  # a stale or damaged calibration file falls back to the default estimate
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(doc, dict) and "preset" not in doc:
+                    return from_document(doc, f"{field} (calibration {path})")
+            except (OSError, ValueError, TypeError, ConfigError):
+                pass
+            # A stale, damaged or foreign calibration file falls back to the default estimate.
         return DEVICE_PRESETS["cpu"]
     if key in DEVICE_PRESETS:
         return DEVICE_PRESETS[key]
     p = Path(name_or_path)
-    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
-        return from_document(load_document(p, field), field)
+    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.exists():
+        from paratrain.spec._files import loading_preset_file
+
+        with loading_preset_file(p, field):
+            return from_document(load_document(p, field), field)
     raise ConfigError(
         field, f"unknown device preset {name_or_path!r}", "run `paratrain presets` to list them, or give a file path"
     )

@@ -7,19 +7,33 @@ reports how they fit measured runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from paratrain.spec.device import DeviceSpec
 
-__all__ = ["DEVICE_PRESETS", "DEVICE_ALIASES"]
+__all__ = ["DEVICE_PRESETS", "DEVICE_ALIASES", "GPU_MEMORY_RESERVE"]
 
 T = 1e12
 GB = 10**9
 GiB = 2**30
+
+# What a GPU training process cannot use for tensors, so the planner does not pick layouts that
+# fill 79.8 of 80 GiB and then fail to allocate:
+# - fixed: the CUDA context with the cuBLAS/cuDNN handles and workspaces (a few hundred MiB once
+#   kernels are loaded) plus NCCL's buffers (NCCL_BUFFSIZE, 4 MiB by default per channel and peer in
+#   the NCCL environment-variable reference; a rank in tp, pp and dp communicators holds a few
+#   hundred MiB): 1 GiB in all;
+# - fragmentation: PyTorch's caching allocator splits cached blocks, and the holes cannot take
+#   larger tensors. GMLake (Guo et al., ASPLOS 2024) measured 15 % on average (up to 33 %) for
+#   eight LLMs trained on A100-80GB with recomputation and ZeRO; 10 % is charged here.
+GPU_MEMORY_RESERVE: dict[str, Any] = dict(memory_reserved_bytes=1 * GiB, memory_fragmentation=0.10)
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # NVIDIA Tesla P100 SXM2 datasheet (2016): FP32 10.6 TF, FP16 21.2 TF, 16 GB HBM2 at 732 GB/s;
     # 56 SMs (Pascal GP100 whitepaper, Table 1). No tensor cores: small tiles.
     "p100": DeviceSpec(
         name="p100",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=10.6 * T,
         peak_fp16_flops=21.2 * T,
         peak_bf16_flops=0.0,
@@ -34,6 +48,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # 80 SMs (Volta whitepaper, Table 1). No bf16 (falls back to fp16 tensor cores).
     "v100": DeviceSpec(
         name="v100",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=15.7 * T,
         peak_fp16_flops=125 * T,
         peak_bf16_flops=0.0,
@@ -47,6 +62,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # cuBLAS's large-tile kernels on Ampere use 256×128 output tiles.
     "a100-40gb": DeviceSpec(
         name="a100-40gb",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=19.5 * T,
         peak_tf32_flops=156 * T,
         peak_bf16_flops=312 * T,
@@ -61,6 +77,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # As above; A100 80GB SXM: HBM2e at 2,039 GB/s (A100 datasheet).
     "a100-80gb": DeviceSpec(
         name="a100-80gb",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=19.5 * T,
         peak_tf32_flops=156 * T,
         peak_bf16_flops=312 * T,
@@ -77,6 +94,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # 3.35 TB/s; 132 SMs (Hopper whitepaper).
     "h100": DeviceSpec(
         name="h100",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=67 * T,
         peak_tf32_flops=494.7 * T,
         peak_bf16_flops=989.5 * T,
@@ -94,6 +112,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # NVIDIA H200 SXM datasheet (2024): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
     "h200": DeviceSpec(
         name="h200",
+        **GPU_MEMORY_RESERVE,
         peak_fp32_flops=67 * T,
         peak_tf32_flops=494.7 * T,
         peak_bf16_flops=989.5 * T,

@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError, parse_enum, require_positive_int
+from paratrain.errors import ConfigError, parse_enum, require_at_most, require_bool, require_positive_int
 
 __all__ = [
     "Activation",
@@ -24,6 +24,7 @@ __all__ = [
     "from_hf_config",
     "resolve_model",
     "MODEL_OVERRIDE_FIELDS",
+    "SHAPE_LIMITS",
 ]
 
 
@@ -74,6 +75,20 @@ MODEL_OVERRIDE_FIELDS = {
     "vocab": "vocab",
 }
 
+# Upper bounds on a model's shape, 10-100x past the largest published models (Llama 3 405B: 126
+# layers, hidden 16,384, FFN 53,248, vocabulary 128,256; GPT-1T: hidden 25,600) and past million-token
+# contexts. They turn a typo such as ``--hidden 1099511627776`` into an error line instead of a
+# search that never ends or a terabyte allocation.
+SHAPE_LIMITS = {
+    "layers": 10_000,
+    "hidden": 2**18,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "ffn": 2**20,
+    "seq": 2**24,
+    "vocab": 2**24,
+    "max_positions": 2**24,
+}
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,14 @@ class ModelSpec:
             v = getattr(self, f)
             if v is not None:
                 require_positive_int(f, v)
+        for f, limit in SHAPE_LIMITS.items():
+            v = getattr(self, f)
+            if v is not None:
+                require_at_most(f, v, limit, "far beyond any trained model")
+        if not isinstance(self.name, str):
+            raise ConfigError("name", f"must be a string, got {self.name!r}", "give the model a name")
+        for f in ("tied_embeddings", "bias"):
+            require_bool(f, getattr(self, f))
         object.__setattr__(self, "arch", parse_enum(Arch, "arch", self.arch))
         object.__setattr__(self, "norm", parse_enum(Norm, "norm", self.norm))
         object.__setattr__(self, "activation", parse_enum(Activation, "activation", self.activation))
@@ -254,6 +277,8 @@ def _nearest_divisor(n: int, near: int) -> int:
 def from_document(doc: dict[str, Any], field: str = "--model") -> ModelSpec:
     """Build a spec from a parsed file: paratrain's own keys, ``{"preset": NAME, ...overrides}``,
     or a HuggingFace ``config.json``."""
+    if not isinstance(doc, dict):
+        raise ConfigError(field, f"must be a mapping of model fields, got {doc!r}", "give a preset name or a mapping")
     if "model_type" in doc or "num_hidden_layers" in doc or "n_layer" in doc:
         return from_hf_config(doc, field)
     doc = dict(doc)
@@ -346,7 +371,7 @@ def resolve_model(name_or_path: str, field: str = "--model", **overrides: Any) -
     from paratrain.spec._files import load_document
 
     p = Path(name_or_path)
-    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.is_file():
+    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.exists():
         spec = from_document(load_document(p, field), field)
     else:
         spec = preset(name_or_path, field)
