@@ -144,7 +144,7 @@ def worker(a: argparse.Namespace) -> None:
             # none holds one position (e.g. right after the other engine) throughout
             for key, run in runners[k % len(runners):] + runners[:k % len(runners)]:
                 results[name][key].append(run(k))
-        trainer.executor.finish()
+        trainer.finish()
     if ctx.rank == 0:
         (out / "times.json").write_text(json.dumps(results))
     dist.barrier()  # no rank tears its sockets down while a peer still talks to it

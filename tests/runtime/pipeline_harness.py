@@ -60,9 +60,9 @@ def main() -> None:
         torch.set_default_dtype(torch.float64 if variant == "fp64" else torch.float32)
         trainer = Trainer(dataclasses.replace(ctx, config=cfg), spec, train)
         rows = [trainer.train_step(k) for k in range(a.steps)]
-        params = trainer.executor.full_parameters() if cfg.pp > 1 else trainer.full_parameters()
+        params = trainer.full_parameters()
         if trace is not None:
-            trainer.executor.finish()
+            trainer.finish()
         torch.set_default_dtype(torch.float32)
         if ctx.rank == 0:
             torch.save({"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],

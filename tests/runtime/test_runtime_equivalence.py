@@ -1,17 +1,22 @@
 """Every parallel layout trains exactly like single-process training.
 
-Each layout is one launch of ``paratrain train --nproc N`` (gloo on CPU, fp32) writing its per-step
-losses (``--metrics``) and final unsharded parameters (``--save-final``) to a temporary directory;
-the tests compare every layout with the single-process run on the same global batch, micro-batch
-size, data and seed. Tolerance ``rtol=1e-5`` (the issue's bar), never loosened.
+Three torchrun launches (1, 2 and 4 processes, tests/runtime/layout_harness.py) train every layout
+of their world size one after another through the step loop ``paratrain train`` runs, each twice:
+in fp32 and with the model and every tensor it makes in float64. One ``paratrain train --nproc 4``
+launch checks the command's own path (console lines, metrics, trace, final parameters). Each layout
+is compared with the single-process run on the same global batch, micro-batch size, data and seed.
+Tolerance ``rtol=1e-5`` (the issue's bar), never loosened.
 
-Losses and gradient norms are compared elementwise. Parameters are compared per tensor by
-relative Frobenius error ``|P - P_ref| / |P_ref| <= rtol``: after AdamW an elementwise comparison
-is ill-conditioned, because Adam divides each element's update by that element's own gradient
-magnitude — an element whose gradient is a near-cancelling sum (rounding noise of order 1e-10)
-moves by a noise-dependent amount up to ``lr`` whatever its size. The attention key bias is the
-extreme case: its exact gradient is zero (softmax is invariant to adding ``q·b_k`` to every
-score), so all it holds is rounding noise; it is checked to stay at noise level instead.
+fp32 runs: losses and gradient norms, elementwise. Parameters: float64 runs only. After AdamW a
+parameter is ill-conditioned in fp32: Adam divides each element's update by that element's own
+gradient magnitude, so an element whose gradient is a near-cancelling sum moves by an amount set by
+the rounding of that sum, which a different summation order (tensor parallelism, a data-parallel
+all-reduce) changes (measured: blocks.1.attn.o.weight of gpt-tp2 at 1.2e-5 relative error on one
+CPU, within 1e-5 on another). In float64 that rounding is ~1e-16, so any difference above ``rtol``
+is an error of the algorithm. Per tensor the check is the relative Frobenius error
+``|P - P_ref| / |P_ref| <= rtol``. The attention key bias is the exception: its exact gradient is
+zero (softmax is invariant to adding ``q·b_k`` to every score), so all it holds is rounding noise;
+it is checked to stay at noise level instead.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,8 +36,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 RTOL = 1e-5
 KEY_BIAS_NOISE = 1e-4  # far below one Adam step of lr=3e-3 that a real gradient would cause
 STEPS = 5
-COMMON = ["--steps", str(STEPS), "--global-batch", "8", "--microbatch", "2", "--seed", "3", "--lr", "3e-3",
-          "--no-progress", "--timeout", "120"]
+GLOBAL_BATCH, MICROBATCH, SEED, LR = 8, 2, 3, 3e-3
+TRAIN = {"steps": STEPS, "seed": SEED, "lr": LR, "timeout_s": 120}
+HARNESS = Path(__file__).with_name("layout_harness.py")
 
 LLAMA_LIKE = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 96, "seq": 32, "vocab": 128,
               "norm": "rmsnorm", "activation": "swiglu", "position": "rotary", "tied_embeddings": False,
@@ -39,57 +46,101 @@ LLAMA_LIKE = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 96, "
 
 BERT_TINY = {"arch": "bert", "layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 128, "dtype": "fp32",
              "name": "bert-tiny"}
-MODEL_FILES = {"llama": LLAMA_LIKE, "bert": BERT_TINY}
+MODELS: dict[str, Any] = {"gpt": "gpt-tiny", "llama": LLAMA_LIKE, "bert": BERT_TINY}
 
-# name -> (model, nproc, flags)
-LAYOUTS = {
-    "gpt-single": ("gpt-tiny", 1, []),
-    "gpt-dp2": ("gpt-tiny", 2, ["--dp", "2"]),
-    "gpt-dp2-ddp": ("gpt-tiny", 2, ["--dp", "2", "--dp-impl", "ddp"]),
+# name -> (model, parallel layout, train options beyond TRAIN)
+LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "gpt-single": ("gpt", {}, {}),
+    "gpt-dp2": ("gpt", {"dp": 2}, {}),
+    "gpt-dp2-ddp": ("gpt", {"dp": 2}, {"dp_impl": "ddp"}),
     # 64 KiB buckets: the 0.5 MB of gradients go out in many all-reduces launched during backward.
-    "gpt-dp2-buckets": ("gpt-tiny", 2, ["--dp", "2", "--bucket-mb", "0.0625", "--dp-impl", "paratrain"]),
-    "gpt-tp2": ("gpt-tiny", 2, ["--tp", "2"]),
-    "gpt-dp2-tp2": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2"]),
-    "gpt-dp2-tp2-fsdp": ("gpt-tiny", 4, ["--dp", "2", "--tp", "2", "--optimizer-sharding"]),
-    "gpt-tp2-sp": ("gpt-tiny", 2, ["--tp", "2", "--sequence-parallel"]),
-    "llama-single": ("llama", 1, []),
-    "llama-dp2-tp2": ("llama", 4, ["--dp", "2", "--tp", "2"]),
-    "bert-single": ("bert", 1, []),
-    "bert-tp2-sp": ("bert", 2, ["--tp", "2", "--sequence-parallel"]),
+    "gpt-dp2-buckets": ("gpt", {"dp": 2}, {"bucket_bytes": 2**16}),
+    "gpt-tp2": ("gpt", {"tp": 2}, {}),
+    "gpt-dp2-tp2": ("gpt", {"dp": 2, "tp": 2}, {}),
+    "gpt-dp2-tp2-fsdp": ("gpt", {"dp": 2, "tp": 2, "optimizer_sharding": True}, {"dp_impl": "fsdp"}),
+    "gpt-tp2-sp": ("gpt", {"tp": 2, "sequence_parallel": True}, {}),
+    "llama-single": ("llama", {}, {}),
+    "llama-dp2-tp2": ("llama", {"dp": 2, "tp": 2}, {}),
+    "bert-single": ("bert", {}, {}),
+    "bert-tp2-sp": ("bert", {"tp": 2, "sequence_parallel": True}, {}),
 }
+TRACED = {"gpt-dp2-buckets"}
 
 
-def _launch(tmp: Path, name: str) -> dict[str, object]:
-    model, nproc, flags = LAYOUTS[name]
-    if model in MODEL_FILES:
-        path = tmp / f"{model}.json"
-        path.write_text(json.dumps(MODEL_FILES[model]))
-        model = str(path)
-    metrics, params = tmp / f"{name}.jsonl", tmp / f"{name}.pt"
-    trace = tmp / f"{name}.trace.json"
-    cmd = [sys.executable, "-m", "paratrain", "train", "--model", model, *COMMON, *flags,
+def _world(layout: dict[str, Any]) -> int:
+    return layout.get("dp", 1) * layout.get("tp", 1)
+
+
+def _read(out: Path, name: str) -> dict[str, Any]:
+    rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+    run = {"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
+           "params": torch.load(out / f"{name}.pt")}
+    if (out / f"{name}.trace.json").exists():
+        run["trace"] = json.loads((out / f"{name}.trace.json").read_text())
+    return run
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _harness(out: Path, nproc: int) -> dict[str, dict[str, Any]]:
+    """Every layout of world size ``nproc``, fp32 and float64, in one launch."""
+    runs = []
+    for name, (model, layout, extra) in LAYOUTS.items():
+        if _world(layout) != nproc:
+            continue
+        parallel = {"global_batch": GLOBAL_BATCH, "microbatch": MICROBATCH, **layout}
+        for fp64 in (False, True):
+            key = name + (":fp64" if fp64 else "")
+            train = {**TRAIN, **extra}
+            if name in TRACED and not fp64:
+                train["trace"] = str(out / f"{key}.trace.json")
+            runs.append({"name": key, "model": MODELS[model], "parallel": parallel, "train": train, "fp64": fp64})
+    spec = out / "runs.json"
+    spec.write_text(json.dumps({"out": str(out), "runs": runs}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=_env())
+    assert proc.returncode == 0, f"launch of {nproc} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return {r["name"]: _read(out, r["name"]) for r in runs}
+
+
+def _cli(out: Path) -> dict[str, Any]:
+    """``paratrain train --nproc 4 --dp 2 --tp 2`` itself (fp32), with every output flag."""
+    metrics, params, trace = out / "cli.jsonl", out / "cli.pt", out / "cli.trace.json"
+    cmd = [sys.executable, "-m", "paratrain", "train", "--model", "gpt-tiny", "--steps", str(STEPS),
+           "--global-batch", str(GLOBAL_BATCH), "--microbatch", str(MICROBATCH), "--seed", str(SEED), "--lr", str(LR),
+           "--no-progress", "--timeout", "120", "--dp", "2", "--tp", "2", "--nproc", "4",
            "--metrics", str(metrics), "--save-final", str(params), "--trace", str(trace)]
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows],
-            "params": torch.load(params), "stdout": proc.stdout, "trace": json.loads(trace.read_text())}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, f"paratrain train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {**_read(out, "cli"), "stdout": proc.stdout}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    tmp = tmp_path_factory.mktemp("layouts")
-    return {name: _launch(tmp, name) for name in LAYOUTS}
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("layouts")
+    every: dict[str, dict[str, Any]] = {}
+    for nproc in (1, 2, 4):
+        every.update(_harness(out, nproc))
+    every["cli"] = _cli(out)
+    return every
 
 
-def _assert_same_training(run: dict[str, object], ref: dict[str, object]) -> None:
-    assert len(run["losses"]) == STEPS
-    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=RTOL, atol=0)
-    torch.testing.assert_close(torch.tensor(run["grad_norms"]), torch.tensor(ref["grad_norms"]), rtol=RTOL, atol=0)
-    _assert_same_params(run["params"], ref["params"])
+def _assert_same_training(runs: dict[str, dict[str, Any]], name: str, ref: str) -> None:
+    """fp32: losses and gradient norms; float64: losses, gradient norms and parameters."""
+    for suffix in ("", ":fp64"):
+        run, want = runs[name + suffix], runs[ref + suffix]
+        assert len(run["losses"]) == STEPS
+        torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(want["losses"]), rtol=RTOL, atol=0)
+        torch.testing.assert_close(torch.tensor(run["grad_norms"]), torch.tensor(want["grad_norms"]), rtol=RTOL,
+                                   atol=0)
+    run64 = runs[name + ":fp64"]["params"]
+    assert all(v.dtype == torch.float64 for v in run64.values())
+    _assert_same_params(run64, runs[ref + ":fp64"]["params"])
 
 
 def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
@@ -104,40 +155,59 @@ def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Te
 
 @pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-dp2-buckets", "gpt-tp2", "gpt-dp2-tp2",
                                   "gpt-dp2-tp2-fsdp", "gpt-tp2-sp"])
-def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, object]], name: str) -> None:
-    _assert_same_training(runs[name], runs["gpt-single"])
+def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
+    _assert_same_training(runs, name, "gpt-single")
 
 
-def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, object]]) -> None:
+def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, Any]]) -> None:
     # GQA (2 key/value heads over tp=2), SwiGLU, RMSNorm, rotary, untied output, no biases.
-    _assert_same_training(runs["llama-dp2-tp2"], runs["llama-single"])
+    _assert_same_training(runs, "llama-dp2-tp2", "llama-single")
 
 
-def test_bert_tp2_sequence_parallel_matches_single_process(runs: dict[str, dict[str, object]]) -> None:
+def test_bert_tp2_sequence_parallel_matches_single_process(runs: dict[str, dict[str, Any]]) -> None:
     # Post-norm blocks, masked-LM loss over masked positions only, tied MLM decoder with its own bias.
-    _assert_same_training(runs["bert-tp2-sp"], runs["bert-single"])
+    _assert_same_training(runs, "bert-tp2-sp", "bert-single")
 
 
-def test_paratrain_data_parallel_equals_ddp(runs: dict[str, dict[str, object]]) -> None:
+def test_paratrain_data_parallel_equals_ddp(runs: dict[str, dict[str, Any]]) -> None:
     ours, ddp = runs["gpt-dp2"], runs["gpt-dp2-ddp"]
     assert ours["losses"] == pytest.approx(ddp["losses"], rel=RTOL, abs=0)
-    _assert_same_params(ours["params"], ddp["params"])
+    _assert_same_params(runs["gpt-dp2:fp64"]["params"], runs["gpt-dp2-ddp:fp64"]["params"])
 
 
-def test_training_changes_the_model_and_lowers_the_loss(runs: dict[str, dict[str, object]]) -> None:
+def test_float64_runs_are_not_the_fp32_ones_relabelled(runs: dict[str, dict[str, Any]]) -> None:
+    # Guards the parameter checks above: a float64 run differs from its fp32 twin by fp32 rounding.
+    for name in ("gpt-single", "gpt-tp2"):
+        p32, p64 = runs[name]["params"], runs[name + ":fp64"]["params"]
+        assert all(v.dtype == torch.float32 for v in p32.values())
+        assert max(float((p64[k] - p32[k].double()).abs().max()) for k in p32) > 0
+
+
+def test_training_changes_the_model_and_lowers_the_loss(runs: dict[str, dict[str, Any]]) -> None:
     # Guards the comparisons above against a run that trained nothing (all layouts equal to init).
-    losses = runs["gpt-single"]["losses"]
-    assert losses[-1] < losses[0] - 0.1
     from paratrain.runtime.models import build_model
     from paratrain.spec.model import preset
 
-    init = dict(build_model(preset("gpt-tiny"), seed=3).named_parameters())
-    moved = max(float((runs["gpt-single"]["params"][k] - p.detach()).abs().max()) for k, p in init.items())
-    assert moved > 1e-3
+    init = dict(build_model(preset("gpt-tiny"), seed=SEED).named_parameters())
+    for name in ("gpt-single", "gpt-single:fp64"):
+        losses = runs[name]["losses"]
+        assert losses[-1] < losses[0] - 0.1
+        moved = max(float((runs[name]["params"][k] - p.detach()).abs().max()) for k, p in init.items())
+        assert moved > 1e-3
 
 
-def test_small_buckets_reduce_during_backward(runs: dict[str, dict[str, object]]) -> None:
-    from paratrain.sim.trace import events_from_chrome_trace
+def test_paratrain_train_command_trains_like_one_process(runs: dict[str, dict[str, Any]]) -> None:
+    """The command's own launch path (elastic launcher, workers, final save) trains like the step
+    loop in one process: fp32 losses and gradient norms (its parameters: the float64 runs above)."""
+    cli, ref = runs["cli"], runs["gpt-single"]
+    torch.testing.assert_close(torch.tensor(cli["losses"]), torch.tensor(ref["losses"]), rtol=RTOL, atol=0)
+    torch.testing.assert_close(torch.tensor(cli["grad_norms"]), torch.tensor(ref["grad_norms"]), rtol=RTOL, atol=0)
+    # --save-final holds every parameter unsharded, as one process has it
+    assert {k: v.shape for k, v in cli["params"].items()} == {k: v.shape for k, v in ref["params"].items()}
+
+
+def test_small_buckets_reduce_during_backward(runs: dict[str, dict[str, Any]]) -> None:
+    from paratrain.trace import events_from_chrome_trace
 
     events = events_from_chrome_trace(runs["gpt-dp2-buckets"]["trace"])
     for rank in (0, 1):
@@ -151,16 +221,17 @@ def test_small_buckets_reduce_during_backward(runs: dict[str, dict[str, object]]
             assert any(b.start_s <= r.start_s < b.start_s + b.duration_s for r in reduces)
 
 
-def test_rank_zero_prints_rank_prefixed_step_lines(runs: dict[str, dict[str, object]]) -> None:
-    lines = [ln for ln in runs["gpt-dp2-tp2"]["stdout"].splitlines() if "step " in ln and "loss" in ln]
+def test_rank_zero_prints_rank_prefixed_step_lines(runs: dict[str, dict[str, Any]]) -> None:
+    lines = [ln for ln in runs["cli"]["stdout"].splitlines() if "step " in ln and "loss" in ln]
     assert len(lines) == STEPS
     assert all(ln.startswith("[rank 0] step ") for ln in lines)
 
 
-def test_measured_trace_uses_the_simulator_format(runs: dict[str, dict[str, object]]) -> None:
-    from paratrain.sim.trace import events_from_chrome_trace
+def test_measured_trace_uses_the_simulator_format(runs: dict[str, dict[str, Any]]) -> None:
+    from paratrain.trace import events_from_chrome_trace
 
-    events = events_from_chrome_trace(runs["gpt-dp2-tp2"]["trace"])
+    doc = runs["cli"]["trace"]
+    events = events_from_chrome_trace(doc)
     assert {e.rank for e in events} == {0, 1, 2, 3}
     for rank in range(4):
         mine = [e for e in events if e.rank == rank]
@@ -175,3 +246,20 @@ def test_measured_trace_uses_the_simulator_format(runs: dict[str, dict[str, obje
         assert forward.category == "forward" and forward.microbatch == 0 and forward.duration_s > 0
     starts = sorted(e.start_s for e in events)
     assert starts[0] >= 0 and starts[-1] < 600  # one time origin for all ranks
+    # every event carries its step; each step's forwards lie after the previous step's update
+    steps = [e["args"]["step"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert sorted(set(steps)) == list(range(STEPS))
+
+
+def test_measured_trace_says_what_ran_without_a_pipeline(runs: dict[str, dict[str, Any]]) -> None:
+    """pp=1 traces carry the metadata ``paratrain calibrate --from-trace`` and ``compare`` need."""
+    from paratrain.parallel.config import ParallelConfig
+    from paratrain.spec.model import from_document, preset
+
+    meta = runs["cli"]["trace"]["metadata"]
+    assert meta["source"] == "paratrain train (measured)" and meta["model"] == "gpt-tiny"
+    assert from_document(meta["model_spec"]) == preset("gpt-tiny")
+    cfg = ParallelConfig.from_dict(meta["parallel"])
+    assert (cfg.dp, cfg.tp, cfg.pp, cfg.global_batch, cfg.microbatch) == (2, 2, 1, GLOBAL_BATCH, MICROBATCH)
+    assert (meta["stages"], meta["microbatches"], meta["iterations"], meta["steps"]) == (1, 2, 1, STEPS)
+    assert meta["schedule"] == "1f1b"

@@ -1,5 +1,5 @@
 """Single-process pieces of the runtime: learning-rate schedule, data determinism and sharding,
-MFU's FLOPs count, the model's attention against a naive implementation, gradient clipping."""
+MFU, the model's attention against a naive implementation, gradient clipping."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from paratrain.errors import ConfigError
 from paratrain.runtime.data import Corpus, DataSource, load_corpus, stdlib_dir
-from paratrain.runtime.metrics import model_flops_per_token
+from paratrain.runtime.metrics import step_mfu
 from paratrain.runtime.models import IGNORE_INDEX, build_model
 from paratrain.runtime.train import TrainConfig, lr_at
 from paratrain.spec.model import ModelSpec, preset
@@ -77,18 +77,26 @@ def test_corpus_too_small(tmp_path) -> None:
         DataSource(load_corpus(str(f)), preset("gpt-tiny"), seed=0, global_batch=1, microbatch=1)
 
 
-def test_flops_per_token_counts_every_matmul() -> None:
-    # Independent derivation: 6 x (weights of every Linear in the model, output projection included)
-    # plus PaLM's attention term 12*l*h*s.
-    for spec in (preset("gpt-tiny"), ModelSpec(layers=2, hidden=64, heads=8, kv_heads=2, ffn=96, seq=32, vocab=128,
-                                               norm="rmsnorm", activation="swiglu", position="rotary",
-                                               tied_embeddings=False, bias=False)):
-        model = build_model(spec, 0)
-        matmul = sum(m.weight.numel() + (m.bias.numel() if m.bias is not None else 0)
-                     for m in model.modules() if isinstance(m, torch.nn.Linear))
-        norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
-        expected = 6 * (matmul + norms) + 12 * spec.layers * spec.hidden * spec.seq
-        assert model_flops_per_token(spec) == pytest.approx(expected)
+BERT_SMALL = ModelSpec(arch="bert", layers=2, hidden=64, heads=4, seq=32, vocab=128, dtype="fp32", name="bert-small")
+
+
+@pytest.mark.parametrize("spec", [preset("gpt-tiny"), BERT_SMALL], ids=["gpt-tiny", "bert"])
+def test_runtime_mfu_is_the_cost_models(spec: ModelSpec) -> None:
+    """The MFU a training step reports is the simulator's for the same iteration time: one FLOPs
+    function (the cost model's), the same denominator (devices x peak)."""
+    from paratrain.cost.compute import model_flops_per_iteration
+    from paratrain.parallel.config import ParallelConfig
+    from paratrain.sim.report import simulate_config
+    from paratrain.spec.cluster import resolve_cluster
+
+    cfg = ParallelConfig(dp=2, global_batch=8, microbatch=2, dtype="fp32")
+    cluster = resolve_cluster("cpu", "--cluster", gpus=cfg.world_size)
+    sim = simulate_config(spec, cluster, cfg, duration_cv=0.0)
+    peak = cluster.device.peak_flops("fp32")
+    runtime = step_mfu(spec, 8, sim.iteration_time_s, peak, cfg.world_size)
+    assert runtime == pytest.approx(sim.mfu, rel=1e-12)
+    assert runtime == pytest.approx(model_flops_per_iteration(spec, 8) / (sim.iteration_time_s * 2 * peak),
+                                    rel=1e-12)
 
 
 def test_attention_matches_naive_causal_softmax() -> None:
@@ -106,11 +114,34 @@ def test_attention_matches_naive_causal_softmax() -> None:
     torch.testing.assert_close(attn(x), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_train_config_rejects_bad_values() -> None:
-    with pytest.raises(ConfigError, match="--steps"):
-        TrainConfig(steps=0)
-    with pytest.raises(ConfigError, match="--timeout"):
-        TrainConfig(timeout_s=0)
+@pytest.mark.parametrize(("field", "value", "flag"), [
+    ("steps", 0, "--steps"), ("timeout_s", 0, "--timeout"), ("timeout_s", math.inf, "--timeout"),
+    ("timeout_s", math.nan, "--timeout"), ("lr", math.inf, "--lr"), ("lr", math.nan, "--lr"), ("lr", 0.0, "--lr"),
+    ("grad_clip", math.nan, "--grad-clip"), ("grad_clip", -1.0, "--grad-clip"), ("grad_clip", 0.0, "--grad-clip"),
+    ("warmup_steps", -1, "--warmup"), ("log_every", 0, "--log-every"), ("bucket_bytes", 0, "--bucket-mb"),
+    ("weight_decay", math.nan, "weight_decay"),
+])
+def test_train_config_rejects_bad_values(field: str, value: float, flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        TrainConfig(**{field: value})
+
+
+def test_train_config_accepts_no_clipping_and_no_warmup() -> None:
+    cfg = TrainConfig(grad_clip=math.inf, warmup_steps=0, steps=4, lr=1.0)
+    assert cfg.warmup == 0 and lr_at(0, cfg) == pytest.approx(1.0)
+
+
+def test_host_memory_check_names_the_limit(monkeypatch) -> None:
+    from paratrain.runtime import train
+
+    spec = preset("gpt-tiny")  # 120,576 parameters: 4 processes need 120,576 x (4 x 4 + 12) bytes
+    need = spec.param_count() * (4 * 4 + 12)
+    monkeypatch.setattr(train, "_available_memory_bytes", lambda: need)
+    train.check_host_memory(spec, 4)  # exactly fits
+    monkeypatch.setattr(train, "_available_memory_bytes", lambda: need - 1)
+    with pytest.raises(ConfigError, match="memory available") as err:
+        train.check_host_memory(spec, 4)
+    assert "120,576 parameters" in str(err.value)
 
 
 def test_metrics_writer_rank_placeholder(tmp_path) -> None:

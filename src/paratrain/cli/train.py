@@ -24,7 +24,7 @@ from paratrain.cli.options import (
     parallel_from_opts,
     resolve_model_opts,
 )
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, require_finite
 
 _P = "Parallel layout"
 _T = "Training"
@@ -125,6 +125,10 @@ def train(
     impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")
     if pcfg.optimizer_sharding and impl != "fsdp":
         raise ConfigError("--dp-impl", f"{impl} does not shard optimizer state", "use --dp-impl fsdp")
+    if nproc is not None and nproc < 1:
+        raise ConfigError("--nproc", f"must be at least 1, got {nproc}",
+                          f"use --nproc {pcfg.world_size} (dp*tp*pp) or leave it out under torchrun")
+    require_finite("--bucket-mb", bucket_mb)
     from paratrain.runtime.train import TrainConfig
 
     tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
@@ -136,12 +140,15 @@ def train(
         raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
                           "drop --nproc when running under torchrun")
     if nproc is not None and nproc > 1 or (nproc == 1 and pcfg.world_size != 1):
-        from paratrain.runtime.launch import LaunchError, launch
+        from paratrain.runtime.launch import Interrupted, LaunchError, launch
 
         try:
             launch(spec, pcfg, tcfg, nproc)
         except LaunchError as e:
             typer.echo(f"paratrain: error: {e}", err=True)
+            raise SystemExit(e.exit_code) from None
+        except Interrupted as e:
+            typer.echo(f"paratrain: {e}", err=True)
             raise SystemExit(e.exit_code) from None
         return
     if not under_launcher:

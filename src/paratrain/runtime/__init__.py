@@ -1,7 +1,7 @@
 """Real training on torch.distributed: mesh, reference models, tensor/data/pipeline parallelism.
 
-Entry points: ``paratrain train`` (CLI), :func:`run_training` (Python), and for a pipeline engine
-:class:`~paratrain.runtime.train.Trainer` / :class:`~paratrain.runtime.train.StepExecutor`.
+Entry points: ``paratrain train`` (CLI), :func:`run_training` (Python), and for a new executor the
+step loop :class:`~paratrain.runtime.train.Trainer` and :class:`~paratrain.runtime.executor.StepExecutor`.
 Importing this package does not import torch; the names below load on first use.
 """
 
@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(launch, name)
     if name == "TrainConfig":
-        from .train import TrainConfig
+        from .config import TrainConfig
 
         return TrainConfig
     raise AttributeError(name)

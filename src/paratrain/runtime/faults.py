@@ -6,7 +6,10 @@ on every surviving rank, never a silent hang:
 - a peer that died or stopped answering: the collective raises (gloo notices a closed socket at
   once; otherwise the process-group timeout fires), exit code 1;
 - a rendezvous that cannot be reached within the timeout, exit code 1;
-- SIGTERM from the launcher (torchrun ends the others when one worker fails), exit code 143.
+- SIGTERM from the launcher (torchrun ends the others when one worker fails), exit code 143;
+- an interrupt (Ctrl-C, SIGTERM to ``paratrain train --nproc N``): the launcher prints one line
+  and passes SIGINT on, which ends a worker at once and silently (the default action); a single
+  process (no launcher) prints ``paratrain: interrupted (SIGINT)`` itself, exit 128 + signal.
 The process leaves with ``os._exit`` after flushing: tearing down a process group whose peers
 are gone can itself block.
 
@@ -20,6 +23,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 
@@ -28,9 +32,10 @@ from paratrain.errors import ConfigError
 from .mesh import RendezvousError
 
 __all__ = ["rank_prefix", "log", "fail_and_exit", "explain_failure", "maybe_inject_fault", "guard",
-           "install_sigterm_handler", "FAULT_ENV"]
+           "signal_handlers", "Interrupted", "FAULT_ENV"]
 
 FAULT_ENV = "PARATRAIN_FAULT"
+STOP_GRACE_S = 1.0  # a worker's wait, on SIGTERM, for the launcher's SIGINT of an interrupted job
 
 
 def rank_prefix(rank: int) -> str:
@@ -72,11 +77,42 @@ def maybe_inject_fault(rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install_sigterm_handler(rank: int) -> None:
-    def _handler(signum: int, frame: object) -> None:
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached a process that stops by itself (no launcher to report it).
+
+    A BaseException, like KeyboardInterrupt: no ``except Exception`` on the way up swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted ({signal.Signals(signum).name})")
+
+
+@contextlib.contextmanager
+def signal_handlers(rank: int, *, alone: bool) -> Iterator[None]:
+    """SIGINT and SIGTERM of a worker while the block runs (``alone``: the only process, run in
+    the CLI's own process, which gets its handlers back afterwards)."""
+    def _interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    def _stopped(signum: int, frame: object) -> None:
+        # SIGTERM to the whole process group (an interrupted job) reaches the launcher too, which
+        # then sends SIGINT: wait for it, so that only a launcher stopping the job for a failed
+        # rank leaves this line.
+        time.sleep(STOP_GRACE_S)
         fail_and_exit(rank, "stopped by the launcher (another rank failed or the job was interrupted)", 143)
 
-    signal.signal(signal.SIGTERM, _handler)
+    # Under a launcher an interrupt is the launcher's to report (its process group gets Ctrl-C
+    # too): end at once, without a word, even inside a collective that would not return to Python.
+    handlers = {signal.SIGINT: _interrupt, signal.SIGTERM: _interrupt} if alone else \
+        {signal.SIGINT: signal.SIG_DFL, signal.SIGTERM: _stopped}
+    before = {s: signal.signal(s, h) for s, h in handlers.items()}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 class Phase:
@@ -101,8 +137,12 @@ def guard(rank: int, phase: Phase, timeout_s: float, *, alone: bool = False) -> 
         fail_and_exit(rank, str(e), 2)
     except RendezvousError as e:
         fail_and_exit(rank, str(e), 1)
-    except KeyboardInterrupt:
-        fail_and_exit(rank, "interrupted", 130)
+    except (Interrupted, KeyboardInterrupt) as e:
+        if not alone:
+            fail_and_exit(rank, "interrupted", 130)
+        sig = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        print(f"paratrain: interrupted ({signal.Signals(sig).name})", file=sys.stderr, flush=True)
+        raise SystemExit(128 + sig) from None
     except Exception as e:  # noqa: BLE001 - every error must end the rank with one clear line
         message = explain_failure(e, phase=phase.name, timeout_s=timeout_s)
         if not is_communication_failure(e):

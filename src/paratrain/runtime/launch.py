@@ -5,15 +5,21 @@ behind ``torchrun``), and the Python entry point :func:`run_training`.
 with ``torch.distributed.launcher.api.elastic_launch`` on a free local port (c10d rendezvous on
 127.0.0.1, no restarts) and returns rank 0's per-step metrics. A failed worker makes the agent stop
 the others (each prints why) and :func:`launch` raises :class:`LaunchError` naming the first
-failed rank.
+failed rank. SIGINT or SIGTERM to the launcher stops every worker (the agent sends them SIGINT,
+which ends a worker at once and silently, then SIGKILL after ``shutdown_timeout``) and raises
+:class:`Interrupted`, which the CLI prints as one line (exit 128 + signal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +30,7 @@ from paratrain.spec.model import ModelSpec, resolve_model
 from .mesh import check_world_size
 from .train import TrainConfig, validate_run, worker_main
 
-__all__ = ["LaunchError", "TrainResult", "free_port", "launch", "run_training"]
+__all__ = ["Interrupted", "LaunchError", "TrainResult", "free_port", "launch", "run_training"]
 
 
 class LaunchError(RuntimeError):
@@ -33,6 +39,19 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Interrupted(RuntimeError):
+    """The launcher got SIGINT or SIGTERM and stopped the workers; ``exit_code`` = 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted ({signal.Signals(signum).name}), workers stopped")
+
+
+# Seconds a worker gets to end after the agent's signal before SIGKILL (SIGINT ends it at once).
+SHUTDOWN_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -69,11 +88,12 @@ def _elastic_entry(spec_dict: dict[str, Any], config_dict: dict[str, Any], train
 def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: int,
            *, threads_per_proc: int | None = None) -> TrainResult:
     """Run ``nproc`` local workers and return rank 0's metrics (raises :class:`LaunchError`)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     check_world_size(config, nproc)
-    validate_run(spec, config, train)
+    validate_run(spec, config, train, procs_on_host=nproc)
     if threads_per_proc is None:
         # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
         threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)
@@ -81,24 +101,81 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"paratrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": int(train.timeout_s)},
         max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr="127.0.0.1",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        # SIGINT and SIGTERM are ours (_stop_on_signals): torch's handlers would pass SIGTERM on
+        signals_to_handle="SIGHUP,SIGQUIT",
     )
-    # The agent logs a worker's death with a traceback of its own polling code; each rank already
-    # printed why it stopped, and LaunchError below names the first failure.
-    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    level = agent_log.level
-    agent_log.setLevel(logging.CRITICAL)
+    interrupted: list[int] = []
     try:
-        results = elastic_launch(lc, _elastic_entry)(spec.to_dict(), config.to_dict(), train.to_dict(),
-                                                      threads_per_proc)
+        with _quiet_agent(), _stop_on_signals(interrupted):
+            results = elastic_launch(lc, _elastic_entry)(spec.to_dict(), config.to_dict(), train.to_dict(),
+                                                          threads_per_proc)
     except ChildFailedError as e:
+        if interrupted:  # a worker that got the interrupt first and died of it
+            raise Interrupted(interrupted[0]) from None
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode is not None else 1
         # A negative exit code is a signal: -9 is SIGKILL.
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise LaunchError(f"worker rank {rank} {how}; see the [rank N] lines above", 2 if code == 2 else 1) from None
-    finally:
-        agent_log.setLevel(level)
+    except SignalException:
+        raise Interrupted(interrupted[0] if interrupted else signal.SIGINT) from None
+    if interrupted:
+        raise Interrupted(interrupted[0])
     return TrainResult(tuple(results[0]))
+
+
+@contextlib.contextmanager
+def _quiet_agent() -> Iterator[None]:
+    """The agent logs a worker's death with a traceback of its own polling code, and an interrupt
+    as a warning; each rank already printed why it stopped, and the CLI prints one line for
+    LaunchError or Interrupted."""
+    logs = [logging.getLogger(n) for n in ("torch.distributed.elastic.multiprocessing.api",
+                                           "torch.distributed.elastic.agent.server.api")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(received: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM raise the agent's ``SignalException`` (it then stops the workers) with
+    SIGINT as the signal it passes on, whichever arrived: a worker ends at once and silently on
+    SIGINT, while SIGTERM from the agent means "another rank failed" and is reported by each rank.
+    The first signal is recorded in ``received``; later ones (a second Ctrl-C) do not interrupt the
+    shutdown. A Ctrl-C that reaches a worker while it still imports torch (the first seconds) ends
+    it with Python's KeyboardInterrupt traceback: spawned processes start with default signal
+    handling whatever this process sets.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread; torch's agent then has its own
+        return
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    def _handler(signum: int, frame: object) -> None:
+        if received:
+            return
+        received.append(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.SIGINT)
+
+    # the launcher records its signal list in the environment: leave this process's as it was
+    env_key = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+    env_before = os.environ.get(env_key)
+    before = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+        if env_before is None:
+            os.environ.pop(env_key, None)
+        else:
+            os.environ[env_key] = env_before
 
 
 def run_training(model: ModelSpec | str, config: ParallelConfig | None = None, *, steps: int = 20,

@@ -1,41 +1,36 @@
 """Measurements of a real run: per-step metrics (JSON lines), MFU, and a Chrome trace.
 
-Trace format: the simulator's own (:class:`paratrain.sim.engine.TraceEvent` written by
-:func:`paratrain.sim.trace.chrome_trace`): ``pid`` = global rank, thread 0 = compute, thread 1 =
-communication, events named like the schedule IR's actions — ``F{mb}@c0`` / ``B{mb}@c0`` forward
-and backward of micro-batch ``mb`` on chunk 0 (the whole model without a pipeline), ``R@c0`` one
-data-parallel gradient bucket's all-reduce (from launch to completion as this rank sees it),
-``U`` the optimizer step, ``X:clip`` gradient clipping. Times are wall-clock offsets from an origin
-rank 0 broadcasts at start-up, so ranks line up; several steps follow one another in one file.
+Trace format: :mod:`paratrain.trace`, the simulator's own, written by :func:`write_measured_trace`.
+Without a pipeline ``pid`` = global rank and events are named like the schedule IR's actions —
+``F{mb}@c0`` / ``B{mb}@c0`` forward and backward of micro-batch ``mb`` on chunk 0 (the whole model),
+``R@c0`` one data-parallel gradient bucket's all-reduce (from launch to completion as this rank sees
+it), ``U`` the optimizer step, ``X:clip`` gradient clipping; with a pipeline ``pid`` = pipeline rank
+(:mod:`paratrain.runtime.pipeline`). Thread 0 = compute, thread 1 = communication. Times are
+wall-clock offsets from an origin rank 0 broadcasts at start-up, so ranks line up; every event's
+``args.step`` is its step, and ``metadata`` says what ran (model, layout, schedule).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
-from paratrain.spec.model import Arch, ModelSpec
+from paratrain.cost.compute import model_flops_per_iteration
+from paratrain.fileio import atomic_write_text, check_output_path
+from paratrain.spec.model import ModelSpec
 from paratrain.trace import TraceEvent, chrome_trace
 
-__all__ = ["Tracer", "model_flops_per_token", "peak_flops_per_device", "MetricsWriter"]
+__all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter", "write_measured_trace"]
 
 
-def model_flops_per_token(spec: ModelSpec) -> float:
-    """Training FLOPs per token: ``6N + 12·l·h·s`` (PaLM, Chowdhery et al. 2022, appendix B).
-
-    ``N`` excludes the embedding tables (lookups do no matmul) but counts the output projection,
-    which is a matmul even when tied. The attention term is PaLM's, without a causal discount.
-    """
-    n = spec.param_count() - spec.vocab * spec.hidden - spec.num_positions * spec.hidden
-    if spec.arch is Arch.BERT:
-        n -= 2 * spec.hidden  # token-type table
-    if spec.tied_embeddings:
-        n += spec.vocab * spec.hidden  # the tied output projection is a matmul over the shared table
-    return 6.0 * n + 12.0 * spec.layers * spec.hidden * spec.seq
+def step_mfu(spec: ModelSpec, global_batch: int, step_s: float, peak_flops: float, devices: int) -> float:
+    """Model FLOPs utilization of one step: the cost model's useful matmul FLOPs of the global batch
+    (:func:`paratrain.cost.compute.model_flops_per_iteration`, the simulator's and planner's numerator
+    too) over ``step_s`` × ``devices`` × ``peak_flops`` (per device)."""
+    return model_flops_per_iteration(spec, global_batch) / (step_s * devices * peak_flops)
 
 
 _CUDA_NAMES = (("h200", "h200"), ("h100", "h100"), ("a100", "a100-80gb"), ("v100", "v100"), ("p100", "p100"))
@@ -64,22 +59,26 @@ _CATEGORY = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "R": 
 
 
 class Tracer:
-    """Collects the spans of one rank. ``enabled=False`` makes every call a no-op."""
+    """Collects the spans of one rank with their steps. ``enabled=False`` makes every call a no-op."""
 
     def __init__(self, rank: int, origin_s: float, enabled: bool) -> None:
         self.rank, self.origin_s, self.enabled = rank, origin_s, enabled
-        self.events: list[TraceEvent] = []
+        self.events: list[tuple[int, TraceEvent]] = []  # (step, event)
         self.step = 0
         # perf_counter is precise but has an arbitrary zero: map it to wall-clock time once.
         self._perf_to_wall = time.time() - time.perf_counter()
+
+    def trace_time(self, perf_s: float) -> float:
+        """A ``time.perf_counter()`` reading as seconds from the run's origin (the trace's clock)."""
+        return perf_s + self._perf_to_wall - self.origin_s
 
     def record(self, name: str, stream: str, start_s: float, end_s: float, microbatch: int | None = None) -> None:
         """A span measured with ``time.perf_counter()``; ``stream`` is "compute" or "comm"."""
         if not self.enabled:
             return
         category = "filler" if name.startswith("X:") else _CATEGORY.get(name[:1], "filler")
-        self.events.append(TraceEvent(self.rank, stream, name, start_s + self._perf_to_wall - self.origin_s,
-                                      end_s - start_s, category, microbatch))
+        self.events.append((self.step, TraceEvent(self.rank, stream, name, self.trace_time(start_s),
+                                                  end_s - start_s, category, microbatch)))
 
     def span(self, name: str, stream: str = "compute", microbatch: int | None = None) -> _Span:
         return _Span(self, name, stream, microbatch)
@@ -96,25 +95,39 @@ class _Span:
         self.tracer.record(self.name, self.stream, self.start_s, time.perf_counter(), self.microbatch)
 
 
-def write_chrome_trace(path: str | Path, events_by_rank: list[list[TraceEvent]], title: str) -> None:
-    """All ranks' events in one Chrome trace (the simulator's writer)."""
-    doc = chrome_trace([e for evs in events_by_rank for e in evs], title=title)
-    Path(path).write_text(json.dumps(doc))
+def write_measured_trace(path: str, events: list[tuple[int, TraceEvent]], *, metadata: dict[str, Any],
+                         title: str = "") -> None:
+    """All ranks' ``(step, event)`` pairs as one Chrome trace (:func:`paratrain.trace.chrome_trace`),
+    each event's ``args.step`` its step, written atomically to ``path`` (the ``--trace`` flag)."""
+    doc = chrome_trace([e for _, e in events], title=title)
+    x_events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    for e, (step, _) in zip(x_events, events, strict=True):
+        e["args"] = {**e.get("args", {}), "step": step}
+    doc["metadata"] = metadata
+    atomic_write_text(path, json.dumps(doc) + "\n", "--trace")
 
 
 class MetricsWriter:
-    """One JSON object per line and step. A path containing ``{rank}`` gets one file per rank."""
+    """One JSON object per line and step, flushed at once (a live stream, so not written atomically;
+    the path is checked before the run starts). A path containing ``{rank}`` gets one file per rank."""
 
     def __init__(self, path: str | None, rank: int) -> None:
-        self._file = None
+        self._file: IO[str] | None = None
         if path is not None and ("{rank}" in path or rank == 0):
-            self._file = open(path.replace("{rank}", str(rank)), "w", encoding="utf-8")  # noqa: SIM115
+            target = check_output_path(path.replace("{rank}", str(rank)), "--metrics", make_parents=True)
+            self._file = open(target, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     def write(self, row: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,12 +1,13 @@
-"""The pipeline engine inside ``paratrain train``: ``--pp P --schedule NAME [--virtual-stages V]``.
+"""The pipeline executor of ``paratrain train``: ``--pp P --schedule NAME [--virtual-stages V]``.
 
-:class:`PipelineExecutor` plugs into :class:`~paratrain.runtime.train.Trainer`. It generates the
-schedule of the run's :class:`ParallelConfig` (:func:`paratrain.schedule.registry.generate`),
-checks that every rank holds the same one, cuts the model into the chunks of the config's
-partition, keeps those the schedule places on this pipeline rank (a second model copy for the
-chunks of replica 1, Chimera's "up" pipeline), and runs the rank's action list with
-:class:`~paratrain.runtime.pipeline_engine.PipelineEngine`. Tensor parallelism is applied to each
-chunk by the trainer (DTensor); data parallelism is the schedule's ``R`` actions.
+The step loop (:class:`~paratrain.runtime.train.Trainer`) generates and validates the run's
+schedule once (:func:`schedule_for`), checks that every rank holds the same one
+(:func:`check_same_schedule`), cuts the model into the chunks the schedule places on this
+pipeline rank (:func:`cut_model`; a second model copy for the chunks of replica 1, Chimera's "up"
+pipeline), creates the process groups (:func:`make_groups`), applies tensor parallelism to each
+chunk (DTensor) and hands all of it to :class:`PipelineExecutor`, which runs the rank's action
+list with :class:`~paratrain.runtime.pipeline_engine.PipelineEngine` and returns the local loss.
+Data parallelism is the schedule's ``R`` actions.
 
 Mesh: global rank = ``ParallelConfig.rank_of(pp, dp, tp)``. Activations travel between the ranks
 with the same (dp, tp) coordinates on neighbouring pipeline ranks (each tensor-parallel rank
@@ -17,14 +18,18 @@ data-parallel ranks and, under Chimera, the rank holding the other replica; the 
 ``dp`` (the replicas each saw different micro-batches of the same step, the data-parallel ranks
 each a different ``1/dp`` of the global batch). ``U`` waits for the reductions, sums the gradients
 of a parameter that two pipeline ranks share (tied embedding and output projection: Megatron-LM's
-embedding group), clips by the global norm and steps AdamW with the run's learning-rate schedule.
-Clipping of synchronous schedules uses the norm of the whole model (every rank steps at the same
-point); asynchronous schedules (PipeDream, 2BW) step each stage at a different time on gradients
-of different micro-batches, so each stage clips by its own norm (over its tensor/data-parallel
-ranks).
+embedding group), clips by the global norm and steps AdamW with the run's learning-rate schedule
+(:class:`~paratrain.runtime.optim.Optimizer`, the step loop's). Clipping of synchronous schedules
+uses the norm of the whole model (every rank steps at the same point); asynchronous schedules
+(PipeDream, 2BW) step each stage at a different time on gradients of different micro-batches, so
+each stage clips by its own norm (over its tensor/data-parallel ranks).
 
 Asynchronous schedules are generated over all ``--steps`` batches and run as one action list: the
-pipeline never flushes between steps, as in the papers. The per-step rows are reported afterwards.
+pipeline never flushes between steps, as in the papers. The per-step results are reported afterwards.
+
+Trace: ``pid`` = pipeline rank (the ranks at data- and tensor-parallel coordinate 0 report),
+compute actions on thread 0, p2p batches and reductions on thread 1, each event's ``args.step``
+its step (asynchronous schedules: 0, one timeline for the whole run).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,39 +47,46 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from paratrain.errors import ConfigError
+from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
+from paratrain.spec.model import ModelSpec
+from paratrain.trace import TraceEvent
 
+from . import faults
+from .config import TrainConfig
+from .data import Batch
 from .data_parallel import local_tensor
+from .executor import StepOutput
+from .mesh import RuntimeContext
+from .metrics import Tracer
 from .models import TransformerLM
+from .optim import Optimizer, counts_here
 from .pipeline_engine import ActionSpan, LocalChunk, PipelineEngine, accumulation_count
 from .tensor_parallel import loss_context
 
-if TYPE_CHECKING:
-    from .train import Trainer
-
-__all__ = ["PipelineExecutor", "check_same_schedule", "schedule_for", "validate_pipeline", "measured_trace"]
+__all__ = ["ChunkLayout", "PipelineExecutor", "PipelineGroups", "check_same_schedule", "cut_model", "make_groups",
+           "schedule_for", "validate_pipeline"]
 
 K = ActionKind
 
 
-def schedule_for(trainer_config: Any, train_steps: int) -> Schedule:
+def schedule_for(config: ParallelConfig, train_steps: int) -> Schedule:
     """The validated schedule of a run: asynchronous ones cover every step."""
-    cfg = trainer_config
-    its = train_steps if cfg.schedule.is_async else None
-    sched = generate(cfg.schedule, stages=cfg.pp, microbatches=cfg.num_microbatches,
-                     virtual_stages=cfg.virtual_stages, iterations=its)
+    its = train_steps if config.schedule.is_async else None
+    sched = generate(config.schedule, stages=config.pp, microbatches=config.num_microbatches,
+                     virtual_stages=config.virtual_stages, iterations=its)
     validate(sched)
     return sched
 
 
-def validate_pipeline(config: Any, train: Any) -> None:
-    """Every pipeline check that needs no process group (``validate_run`` calls it before launch)."""
+def validate_pipeline(config: ParallelConfig, train: TrainConfig) -> Schedule:
+    """Every pipeline check that needs no process group; returns the validated schedule."""
     if train.dp_impl != "paratrain":
         raise ConfigError("--dp-impl", f"{train.dp_impl} does not run inside the pipeline engine, whose schedule "
                           "places the gradient reductions itself", "use --dp-impl paratrain with --pp > 1")
-    schedule_for(config, train.steps)
+    return schedule_for(config, train.steps)
 
 
 def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
@@ -95,123 +109,177 @@ def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.P
             "launch every rank with the same --schedule, --pp, --virtual-stages and batch flags")
 
 
+# ----- the model cut into this rank's chunks -------------------------------------------------------
+
+@dataclass
+class ChunkLayout:
+    """The chunks a pipeline rank holds and how their parameters map to the full model's."""
+
+    held: list[tuple[int, int]]  # (chunk, replica), in the schedule's order
+    modules: list[nn.Module]  # one per held chunk; tensor parallelism is applied to these in place of them
+    canonical: dict[tuple[int, int], dict[str, str]]  # (chunk, replica) -> local name -> full-model name
+    chunks_of_name: dict[str, set[int]]  # full-model name -> chunks (replica 0) holding it
+    tie_owner: dict[str, int]  # full-model name -> pipeline rank whose copy counts in the global norm
+
+
+def cut_model(model: TransformerLM, schedule: Schedule, config: ParallelConfig, pp_rank: int) -> ChunkLayout:
+    """The chunks of ``model`` (cut by the config's partition) that ``schedule`` places on ``pp_rank``."""
+    sizes = config.layers_per_chunk(model.spec.layers)
+    starts = [sum(sizes[:c]) for c in range(len(sizes))]
+    models = [model] + [copy.deepcopy(model) for _ in range(schedule.num_replicas - 1)]
+    names = [{id(p): n for n, p in m.named_parameters()} for m in models]
+    # which chunks (of replica 0) hold each parameter, to find those two pipeline ranks share
+    chunks_of_name: dict[str, set[int]] = {}
+    for c, start in enumerate(starts):
+        for _, p in model.chunk(start, start + sizes[c]).named_parameters(remove_duplicate=False):
+            chunks_of_name.setdefault(names[0][id(p)], set()).add(c)
+    held = list(schedule.chunks_of(pp_rank))
+    modules, canonical = [], {}
+    for c, rep in held:
+        ch = models[rep].chunk(starts[c], starts[c] + sizes[c])
+        canonical[(c, rep)] = {n: names[rep][id(p)] for n, p in ch.named_parameters(remove_duplicate=False)}
+        modules.append(ch)
+    tie_owner = {n: schedule.placement[0][min(cs)] for n, cs in chunks_of_name.items()}
+    return ChunkLayout(held, modules, canonical, chunks_of_name, tie_owner)
+
+
+@dataclass
+class PipelineGroups:
+    """This rank's process groups of a pipeline run (``None``: a group of one rank)."""
+
+    reduce: dict[int, dist.ProcessGroup | None]  # chunk -> the ranks holding a copy of it (R)
+    stage: dist.ProcessGroup | None  # the ranks of this pipeline rank's stage (asynchronous clipping)
+    tie: dict[str, dist.ProcessGroup | None]  # shared parameter -> the pipeline ranks holding it
+
+
+def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout, ctx: RuntimeContext) -> PipelineGroups:
+    """Create the groups of :class:`PipelineGroups` (a collective: every rank, same order)."""
+    pp_rank, dp_rank, tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank
+    made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def group_of(ranks: list[int]) -> dist.ProcessGroup | None:
+        key = tuple(sorted(ranks))
+        if len(key) == 1:
+            return None
+        if key not in made:
+            made[key] = dist.new_group(list(key))
+        return made[key]
+
+    reduce: dict[int, dist.ProcessGroup | None] = {}
+    for c in range(schedule.num_chunks):
+        hosts = sorted({row[c] for row in schedule.placement})
+        for t in range(config.tp):
+            g = group_of([config.rank_of(pp=h, dp=d, tp=t) for h in hosts for d in range(config.dp)])
+            if t == tp_rank and pp_rank in hosts:
+                reduce[c] = g
+    stage = None
+    for h in range(config.pp):
+        g = group_of([config.rank_of(pp=h, dp=d, tp=t) for d in range(config.dp) for t in range(config.tp)])
+        if h == pp_rank:
+            stage = g
+    # tied parameters across pipeline ranks: one group per (name, dp, tp), made on every rank
+    tie: dict[str, dist.ProcessGroup | None] = {}
+    for name, cs in sorted(layout.chunks_of_name.items()):
+        hosts = sorted({schedule.placement[0][c] for c in cs})
+        if len(hosts) < 2:
+            continue
+        for d in range(config.dp):
+            for t in range(config.tp):
+                g = group_of([config.rank_of(pp=h, dp=d, tp=t) for h in hosts])
+                if (d, t) == (dp_rank, tp_rank) and pp_rank in hosts:
+                    tie[name] = g
+    return PipelineGroups(reduce, stage, tie)
+
+
+# ----- the executor ---------------------------------------------------------------------------------
+
 class PipelineExecutor:
-    """:class:`~paratrain.runtime.train.StepExecutor` running a pipeline schedule (module docstring)."""
+    """Runs this rank's action list of ``schedule`` per step (module docstring).
 
-    owns_grad_reduction = True  # the schedule's R actions reduce; the trainer must not wrap data parallelism
+    ``modules`` are the layout's chunks after tensor parallelism; ``optimizer`` is the step loop's,
+    stepped at each ``U``; ``batch_of(step)`` is this data-parallel rank's share of a step's batch.
+    """
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = t = trainer
-        cfg, ctx = t.config, t.ctx
-        validate_pipeline(cfg, t.train)
-        self.schedule = schedule_for(cfg, t.train.steps)
-        check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
+    def __init__(self, ctx: RuntimeContext, spec: ModelSpec, train: TrainConfig, schedule: Schedule,
+                 layout: ChunkLayout, modules: list[nn.Module], groups: PipelineGroups, optimizer: Optimizer,
+                 batch_of: Callable[[int], Batch], *, tracer: Tracer, phase: faults.Phase,
+                 autocast: Callable[[], Any]) -> None:
+        self.ctx, self.spec, self.train, self.schedule = ctx, spec, train, schedule
+        self.config = ctx.config
+        self.layout, self.groups, self.optimizer, self.batch_of = layout, groups, optimizer, batch_of
+        self.tracer, self.phase = tracer, phase
         self.pp_rank, self.dp_rank, self.tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank
-        self.is_async = cfg.schedule.is_async
-        self._make_groups()
-        self.engine: PipelineEngine | None = None
-        self._async_rows: list[dict[str, Any]] = []
+        self.is_async = self.config.schedule.is_async
+        self.chunks = [
+            LocalChunk(c, rep, module, is_first=c == 0, is_last=c == schedule.num_chunks - 1,
+                       params={n: p for n, p in module.named_parameters() if p.requires_grad})
+            for (c, rep), module in zip(layout.held, modules, strict=True)]
+        # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
+        dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
+        cfg = self.config
+        self.engine = PipelineEngine(
+            schedule, self.pp_rank, self.chunks, self,
+            activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype, device=ctx.device,
+            peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
+            loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
+            record=train.trace is not None,
+            # gloo progresses each message on its own; NCCL's p2p run in order on one stream
+            prefetch_receives=(2 if ctx.backend == "gloo" else 0) if train.prefetch_receives is None
+            else train.prefetch_receives)
+        self.accumulation = accumulation_count(schedule)
         self._pending: list[tuple[LocalChunk, torch.Tensor, Any, float]] = []
-        self._grad_norm = float("nan")
         self._step_spans: list[tuple[int, ActionSpan]] = []
-        n_u = sum(1 for a in self.schedule.actions[self.pp_rank] if a.kind is K.OPTIMIZER_STEP)
-        self._u_per_step = max(1, n_u // self.schedule.iterations)
+        n_u = sum(1 for a in schedule.actions[self.pp_rank] if a.kind is K.OPTIMIZER_STEP)
+        self._u_per_step = max(1, n_u // schedule.iterations)
         self._current_step = 0
         self._norm_of_step: dict[int, float] = {}
+        self._async_out: list[StepOutput] = []
 
-    # ----- process groups (created identically on every rank) ----------------------------------
-    def _make_groups(self) -> None:
-        cfg, s = self.trainer.config, self.schedule
-        made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+    # ----- one step --------------------------------------------------------------------------------
+    def run(self, step: int) -> StepOutput:
+        """Forward, backward, reductions and optimizer steps of ``step``; the local mean loss where
+        the last chunk lives. Asynchronous schedules run every step at step 0."""
+        faults.maybe_inject_fault(self.ctx.rank, step)
+        if self.is_async:
+            if step == 0:
+                self._run_async()
+            return self._async_out[step]
+        self._current_step = step
+        batch = self.batch_of(step)
+        mark = len(self.engine.spans)
+        self.phase.name = f"step {step} pipeline"
+        self.engine.losses.clear()
+        self.engine.run(lambda mb: batch.microbatch(mb),
+                        phase=lambda s: setattr(self.phase, "name", f"step {step} {s}"))
+        self._step_spans.extend((step, sp) for sp in self.engine.spans[mark:])
+        local = None
+        if self.engine.losses:
+            local = torch.tensor(sum(self.engine.losses.values()) / self.accumulation, dtype=torch.float64)
+        return StepOutput(local, self._norm_of_step.get(step, float("nan")))
 
-        def group_of(ranks: list[int]) -> dist.ProcessGroup | None:
-            key = tuple(sorted(ranks))
-            if len(key) == 1:
-                return None
-            if key not in made:
-                made[key] = dist.new_group(list(key))
-            return made[key]
+    def _run_async(self) -> None:
+        m = self.schedule.microbatches
+        cache: dict[int, Batch] = {}
 
-        self.reduce_groups: dict[int, dist.ProcessGroup | None] = {}
-        for c in range(s.num_chunks):
-            hosts = sorted({row[c] for row in s.placement})
-            for t in range(cfg.tp):
-                g = group_of([cfg.rank_of(pp=h, dp=d, tp=t) for h in hosts for d in range(cfg.dp)])
-                if t == self.tp_rank and self.pp_rank in hosts:
-                    self.reduce_groups[c] = g
-        self.stage_group = None
-        for h in range(cfg.pp):
-            g = group_of([cfg.rank_of(pp=h, dp=d, tp=t) for d in range(cfg.dp) for t in range(cfg.tp)])
-            if h == self.pp_rank:
-                self.stage_group = g
-        self._tie_groups_spec: list[tuple[str, tuple[int, ...]]] = []
-        self._made = made
-        self._group_of = group_of
+        def microbatch(mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+            k = mb // m
+            if k not in cache:
+                cache[k] = self.batch_of(k)
+            return cache[k].microbatch(mb % m)
 
-    # ----- StepExecutor: the chunks of this rank --------------------------------------------------
-    def build_parts(self, model: TransformerLM) -> list[nn.Module]:
-        cfg, s = self.trainer.config, self.schedule
-        sizes = cfg.layers_per_chunk(model.spec.layers)
-        starts = [sum(sizes[:c]) for c in range(len(sizes))]
-        models = [model] + [copy.deepcopy(model) for _ in range(s.num_replicas - 1)]
-        canonical = [{id(p): n for n, p in m.named_parameters()} for m in models]
-        # which chunks (of replica 0) hold each parameter, to find those two pipeline ranks share
-        chunks_of_name: dict[str, set[int]] = {}
-        for c, start in enumerate(starts):
-            for _, p in model.chunk(start, start + sizes[c]).named_parameters(remove_duplicate=False):
-                chunks_of_name.setdefault(canonical[0][id(p)], set()).add(c)
-        self._canon: dict[tuple[int, int], dict[str, str]] = {}
-        parts: list[nn.Module] = []
-        self._held = s.chunks_of(self.pp_rank)
-        for c, rep in self._held:
-            ch = models[rep].chunk(starts[c], starts[c] + sizes[c])
-            self._canon[(c, rep)] = {n: canonical[rep][id(p)] for n, p in ch.named_parameters(remove_duplicate=False)}
-            parts.append(ch)
-        # tied parameters across pipeline ranks: one group per (name, dp, tp), made on every rank
-        self.tie_groups: dict[str, dist.ProcessGroup | None] = {}
-        for name, cs in sorted(chunks_of_name.items()):
-            hosts = sorted({s.placement[0][c] for c in cs})
-            if len(hosts) < 2:
-                continue
-            for d in range(cfg.dp):
-                for t in range(cfg.tp):
-                    g = self._group_of([cfg.rank_of(pp=h, dp=d, tp=t) for h in hosts])
-                    if (d, t) == (self.dp_rank, self.tp_rank) and self.pp_rank in hosts:
-                        self.tie_groups[name] = g
-        self._tie_owner = {n: s.placement[0][min(cs)] for n, cs in chunks_of_name.items()}
-        self._parts = parts
-        return parts
+        start = time.perf_counter()
+        self.engine.run(microbatch, phase=lambda s: setattr(self.phase, "name", f"asynchronous pipeline {s}"))
+        per_step_s = (time.perf_counter() - start) / self.train.steps
+        self._step_spans.extend((0, sp) for sp in self.engine.spans)
+        for k in range(self.train.steps):
+            mine = [v for mb, v in self.engine.losses.items() if mb // m == k]
+            local = torch.tensor(sum(mine) / m, dtype=torch.float64) if mine else None
+            # this rank's stage norm at the step's last update (stages clip separately)
+            self._async_out.append(StepOutput(local, self._norm_of_step.get(k, float("nan")), per_step_s))
 
-    def _local_chunks(self) -> list[LocalChunk]:
-        out = []
-        for (c, rep), module in zip(self._held, self.trainer.parts, strict=True):
-            params = {n: p for n, p in module.named_parameters() if p.requires_grad}
-            out.append(LocalChunk(c, rep, module, is_first=c == 0, is_last=c == self.schedule.num_chunks - 1,
-                                  params=params))
-        return out
-
-    def _engine(self) -> PipelineEngine:
-        if self.engine is None:
-            t = self.trainer
-            cfg, spec, ctx = t.config, t.spec, t.ctx
-            self.chunks = self._local_chunks()
-            # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
-            dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
-            self.engine = PipelineEngine(
-                self.schedule, self.pp_rank, self.chunks, self,
-                activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype,
-                device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
-                loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=t.autocast,
-                record=t.train.trace is not None,
-                # gloo progresses each message on its own; NCCL's p2p run in order on one stream
-                prefetch_receives=(2 if ctx.backend == "gloo" else 0) if t.train.prefetch_receives is None
-                else t.train.prefetch_receives)
-            self._accum = accumulation_count(self.schedule)
-        return self.engine
-
-    # ----- StepHooks: R and U ----------------------------------------------------------------------
+    # ----- StepHooks: R and U --------------------------------------------------------------------
     def reduce(self, chunk: LocalChunk) -> None:
-        group = self.reduce_groups.get(chunk.chunk)
+        group = self.groups.reduce.get(chunk.chunk)
         if group is None:
             return
         grads = []
@@ -223,10 +291,10 @@ class PipelineExecutor:
         self._pending.append((chunk, flat, dist.all_reduce(flat, group=group, async_op=True), time.perf_counter()))
 
     def finish_reductions(self) -> None:
-        dp = self.trainer.config.dp
+        dp = self.config.dp
         for chunk, flat, work, start in self._pending:
             work.wait()
-            if self.engine is not None and self.engine.record:
+            if self.engine.record:
                 name = f"R@c{chunk.chunk}" + (f"r{chunk.replica}" if chunk.replica else "")
                 self.engine.spans.append(ActionSpan(name, "reduce", start, time.perf_counter(), None))
             flat.div_(dp)
@@ -243,7 +311,7 @@ class PipelineExecutor:
         """Local parameters by canonical (full-model) name: (replica, parameter), de-duplicated."""
         out: dict[str, list[tuple[int, nn.Parameter]]] = {}
         for ch in self.chunks:
-            names = self._canon[(ch.chunk, ch.replica)]
+            names = self.layout.canonical[(ch.chunk, ch.replica)]
             for n, p in ch.params.items():
                 lst = out.setdefault(names[n], [])
                 if all(q is not p for _, q in lst):
@@ -251,10 +319,10 @@ class PipelineExecutor:
         return out
 
     def _reduce_tied(self) -> None:
-        if not self.tie_groups:
+        if not self.groups.tie:
             return
         copies = self._copies()
-        for name, group in sorted(self.tie_groups.items()):
+        for name, group in sorted(self.groups.tie.items()):
             if group is None:
                 continue
             mine = copies[name]
@@ -271,120 +339,41 @@ class PipelineExecutor:
     def _grad_norm_sq(self) -> torch.Tensor:
         """Squared norm of the gradients this rank counts: replica 0, first holder of a shared
         parameter (global norm only), first copy along replicated tensor/data-parallel axes."""
-        from .train import _counts_here
-
-        ctx = self.trainer.ctx
-        sq = torch.zeros((), dtype=torch.float64, device=ctx.device)  # a scalar: fp64 costs nothing
+        sq = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # a scalar: fp64 costs nothing
         for name, lst in self._copies().items():
             p = next((q for rep, q in lst if rep == 0), None)
-            if p is None or p.grad is None or not _counts_here(p, ctx):
+            if p is None or p.grad is None or not counts_here(p, self.ctx):
                 continue
-            if not self.is_async and self._tie_owner.get(name, self.pp_rank) != self.pp_rank:
+            if not self.is_async and self.layout.tie_owner.get(name, self.pp_rank) != self.pp_rank:
                 continue
             g = local_tensor(p.grad).detach()
             sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
         return sq
 
     def optimizer_step(self, index: int) -> None:
-        from .train import lr_at
-
-        t = self.trainer
-        record = self.engine is not None and self.engine.record
+        record = self.engine.record
+        spans = self.engine.spans
         start = time.perf_counter()
-        step = min(index // self._u_per_step, t.train.steps - 1) if self.is_async else self._current_step
-        lr = lr_at(step, t.train)
-        for group in t.optimizer.param_groups:
-            group["lr"] = lr
+        step = min(index // self._u_per_step, self.train.steps - 1) if self.is_async else self._current_step
+        self.optimizer.set_step(step)
         sq = self._grad_norm_sq()
         if record:  # the local pass over the gradients: optimizer work, before the wait
-            self.engine.spans.append(ActionSpan("U.norm", "optimizer", start, time.perf_counter(), None))
+            spans.append(ActionSpan("U.norm", "optimizer", start, time.perf_counter(), None))
         start = time.perf_counter()
         if self.is_async:
-            if self.stage_group is not None:
-                dist.all_reduce(sq, group=self.stage_group)
-        elif t.ctx.world_size > 1:
+            if self.groups.stage is not None:
+                dist.all_reduce(sq, group=self.groups.stage)
+        elif self.ctx.world_size > 1:
             dist.all_reduce(sq)
         if record:  # mostly waiting for the last rank to finish its backward work
-            self.engine.spans.append(ActionSpan("allreduce(grad norm)", "reduce", start, time.perf_counter(), None))
+            spans.append(ActionSpan("allreduce(grad norm)", "reduce", start, time.perf_counter(), None))
         start = time.perf_counter()
-        norm = sq.sqrt()
-        coef = torch.clamp(t.train.grad_clip / (norm + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in t.params:
-                if p.grad is not None:
-                    local_tensor(p.grad).mul_(coef)
-        t.optimizer.step()
-        t.optimizer.zero_grad(set_to_none=True)
-        self._grad_norm = float(norm)
-        self._norm_of_step[step] = self._grad_norm  # the step's last optimizer step wins
+        self._norm_of_step[step] = self.optimizer.clip(sq.sqrt())  # the step's last optimizer step wins
+        self.optimizer.step()
         if record:
-            self.engine.spans.append(ActionSpan("U", "optimizer", start, time.perf_counter(), None))
+            spans.append(ActionSpan("U", "optimizer", start, time.perf_counter(), None))
 
-    # ----- the step ------------------------------------------------------------------------------
-    def forward_backward(self, batch: Any, step: int) -> torch.Tensor | None:
-        raise NotImplementedError("the pipeline engine runs whole steps: Trainer calls train_step")
-
-    def train_step(self, step: int) -> dict[str, Any]:
-        from . import faults
-
-        t = self.trainer
-        faults.maybe_inject_fault(t.ctx.rank, step)
-        if self.is_async:
-            if step == 0:
-                self._run_async()
-            row = dict(self._async_rows[step])
-            row["loss"] = t._global_loss(row.pop("local_loss"))
-            return row
-        self._current_step = step
-        engine = self._engine()
-        batch = t.data.local_batch(step, t.ctx.dp_rank, t.config.dp)
-        mark = len(engine.spans)
-        start = time.perf_counter()
-        t.phase.name = f"step {step} pipeline"
-        engine.losses.clear()
-        engine.run(lambda mb: batch.microbatch(mb), phase=lambda s: setattr(t.phase, "name", f"step {step} {s}"))
-        step_s = time.perf_counter() - start
-        self._step_spans.extend((step, sp) for sp in engine.spans[mark:])
-        local = None
-        if engine.losses:
-            local = torch.tensor(sum(engine.losses.values()) / self._accum, dtype=torch.float64)
-        t.phase.name = f"step {step} loss reduction"
-        loss = t._global_loss(local)
-        return self._row(step, loss, step_s)
-
-    def _row(self, step: int, loss: float, step_s: float) -> dict[str, Any]:
-        from .train import lr_at
-
-        t = self.trainer
-        tokens_per_s = t.config.global_batch * t.spec.seq / step_s
-        mfu = tokens_per_s * t.flops_per_token / (t.peak_flops * t.ctx.world_size)
-        return {"step": step, "loss": loss, "lr": lr_at(step, t.train), "grad_norm": self._grad_norm,
-                "step_time_s": step_s, "tokens_per_s": tokens_per_s, "mfu": mfu}
-
-    def _run_async(self) -> None:
-        t = self.trainer
-        engine = self._engine()
-        m = self.schedule.microbatches
-        cache: dict[int, Any] = {}
-
-        def microbatch(mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-            k = mb // m
-            if k not in cache:
-                cache[k] = t.data.local_batch(k, t.ctx.dp_rank, t.config.dp)
-            return cache[k].microbatch(mb % m)
-
-        start = time.perf_counter()
-        engine.run(microbatch, phase=lambda s: setattr(t.phase, "name", f"asynchronous pipeline {s}"))
-        per_step_s = (time.perf_counter() - start) / t.train.steps
-        self._step_spans.extend((0, sp) for sp in engine.spans)
-        for k in range(t.train.steps):
-            mine = [v for mb, v in engine.losses.items() if mb // m == k]
-            local = torch.tensor(sum(mine) / m, dtype=torch.float64) if mine else None
-            # asynchronous: this rank's stage norm at the step's last update (stages clip separately)
-            self._grad_norm = self._norm_of_step.get(k, float("nan"))
-            self._async_rows.append({**self._row(k, float("nan"), per_step_s), "local_loss": local})
-
-    # ----- end of run: final parameters and measured trace ----------------------------------------
+    # ----- end of run ------------------------------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters of the whole model by full-model name (a collective)."""
         mine: dict[str, torch.Tensor] = {}
@@ -394,8 +383,7 @@ class PipelineExecutor:
                 continue
             full = p.full_tensor() if isinstance(p, DTensor) else p
             mine[name] = full.detach().cpu().clone()
-        ctx = self.trainer.ctx
-        gathered: list[Any] = [None] * ctx.world_size
+        gathered: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(gathered, mine if (self.dp_rank, self.tp_rank) == (0, 0) else {})
         out: dict[str, torch.Tensor] = {}
         for d in gathered:
@@ -403,48 +391,14 @@ class PipelineExecutor:
                 out.setdefault(k, v)
         return out
 
-    def finish(self) -> None:
-        t = self.trainer
-        if t.train.save_final is not None:
-            params = self.full_parameters()
-            if t.ctx.rank == 0:
-                torch.save(params, t.train.save_final)
-        if t.train.trace is not None:
-            import json
-            from pathlib import Path
-
-            first = (self.dp_rank, self.tp_rank) == (0, 0)
-            spans = [(step, sp) for step, sp in self._step_spans] if first else []
-            gathered: list[Any] = [None] * t.ctx.world_size
-            dist.all_gather_object(gathered, (self.pp_rank, first, t.tracer._perf_to_wall, spans))
-            if t.ctx.rank == 0:
-                doc = measured_trace([(pp, off, sp) for pp, ok, off, sp in gathered if ok], t.tracer.origin_s,
-                                     self.schedule, t.train.steps)
-                doc["metadata"].update({"model": t.spec.name, "model_spec": t.spec.to_dict(),
-                                        "parallel": t.config.to_dict()})
-                Path(t.train.trace).write_text(json.dumps(doc))
-
-
-def measured_trace(per_rank: list[tuple[int, float, list[tuple[int, ActionSpan]]]], origin_s: float,
-                   schedule: Schedule, steps: int) -> dict[str, Any]:
-    """The simulator's Chrome-trace document (:func:`paratrain.sim.trace.chrome_trace`) of measured
-    spans: ``pid`` = pipeline rank, compute actions on thread 0, p2p batches and reductions on
-    thread 1, times in microseconds from the run's origin; each event's ``args.step`` is its step.
-    ``metadata`` holds ``microbatches`` and ``iterations`` (optimizer steps one timeline window
-    covers: 1 per step for synchronous schedules, all steps for asynchronous ones)."""
-    from paratrain.trace import TraceEvent, chrome_trace
-
-    events, steps_of = [], []
-    for pp, perf_to_wall, spans in per_rank:
-        for step, sp in spans:
+    def trace_events(self) -> list[tuple[int, TraceEvent]]:
+        """This rank's measured spans as (step, event), ``pid`` = pipeline rank; empty except at
+        data- and tensor-parallel coordinate 0 (one timeline per pipeline rank)."""
+        if (self.dp_rank, self.tp_rank) != (0, 0):
+            return []
+        out = []
+        for step, sp in self._step_spans:
             stream = "comm" if sp.category in ("p2p", "reduce") else "compute"
-            start = sp.start_s + perf_to_wall - origin_s
-            events.append(TraceEvent(pp, stream, sp.name, start, sp.end_s - sp.start_s, sp.category, sp.microbatch))
-            steps_of.append(step)
-    doc = chrome_trace(events)
-    x_events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    for e, step in zip(x_events, steps_of, strict=True):
-        e["args"] = {**e.get("args", {}), "step": step}
-    doc["metadata"] = {"source": "paratrain train (measured)", "schedule": schedule.name, "stages": schedule.stages,
-                       "microbatches": schedule.microbatches, "iterations": schedule.iterations, "steps": steps}
-    return doc
+            out.append((step, TraceEvent(self.pp_rank, stream, sp.name, self.tracer.trace_time(sp.start_s),
+                                         sp.end_s - sp.start_s, sp.category, sp.microbatch)))
+        return out

@@ -8,108 +8,59 @@ Launch (see the README, "Real training")::
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
         -m paratrain train --config plan.json                           # several nodes
 
-One step: the rank's share of the global batch as micro-batches -> :class:`StepExecutor`
-(forward and backward of every micro-batch, gradients accumulated; the pipeline engine replaces
-this part) -> data-parallel gradient reduction finishes -> global-norm clipping -> AdamW ->
-learning-rate schedule. The reported loss is the mean over the global batch.
+:func:`worker_main` checks the run, forms the process group and builds a :class:`Trainer`, the
+step loop. Set-up: the full model from the seed (same weights on every rank); with a pipeline the
+chunks the schedule places on this rank; tensor parallelism (DTensor) on what the rank holds;
+data parallelism (no pipeline; with one, the schedule's ``R`` actions reduce); AdamW. One step:
+the learning rate of the step -> the executor runs forward and backward of the rank's
+micro-batches with the data-parallel reduction (:class:`~paratrain.runtime.executor.SingleStageExecutor`,
+or :class:`~paratrain.runtime.pipeline.PipelineExecutor`, whose ``U`` actions clip and step) ->
+global-norm clipping and the optimizer step -> the loss, averaged over the global batch ->
+the metrics row (step time, tokens/s, MFU). At the end :meth:`Trainer.finish` writes the final
+parameters and the measured trace.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
-import math
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
 
 from paratrain.errors import ConfigError
+from paratrain.fileio import atomic_writer, check_output_path
 from paratrain.parallel.config import ParallelConfig
+from paratrain.schedule.ir import Schedule
 from paratrain.spec.model import ModelSpec
 
 from . import faults
+from .config import DP_IMPLS, TrainConfig
 from .data import Batch, DataSource, load_corpus
-from .data_parallel import BucketedAllReduce, DDPGradSync, FSDPGradSync, GradSync, NoGradSync, local_tensor
+from .data_parallel import wrap_data_parallel
+from .executor import SingleStageExecutor, StepExecutor, StepOutput
 from .mesh import RuntimeContext, check_model_layout, init_runtime
-from .metrics import MetricsWriter, Tracer, model_flops_per_token, peak_flops_per_device, write_chrome_trace
-from .models import TransformerLM, build_model
-from .tensor_parallel import apply_tensor_parallel, loss_context
+from .metrics import MetricsWriter, Tracer, peak_flops_per_device, step_mfu, write_measured_trace
+from .models import build_model
+from .optim import Optimizer, clip_grad_norm_, global_grad_norm, lr_at
+from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_groups, schedule_for, validate_pipeline
+from .progress import StepConsole
+from .tensor_parallel import apply_tensor_parallel
 
-__all__ = ["TrainConfig", "Trainer", "StepExecutor", "SingleStageExecutor", "lr_at", "global_grad_norm",
-           "clip_grad_norm_", "validate_run", "worker_main", "DP_IMPLS"]
-
-DP_IMPLS = ("paratrain", "ddp", "fsdp")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything about a run that is not the model or the parallel layout."""
-
-    steps: int = 20
-    seed: int = 0
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio (Chinchilla, Hoffmann et al. 2022)
-    warmup_steps: int | None = None  # None: 10% of the steps
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)  # GPT-3 (Brown et al. 2020, appendix B)
-    grad_clip: float = 1.0
-    bf16: bool = False
-    data: str = "stdlib"
-    data_cap_bytes: int = 8 * 2**20
-    dp_impl: str = "paratrain"
-    bucket_bytes: int = 25 * 2**20
-    metrics: str | None = None
-    trace: str | None = None
-    save_final: str | None = None
-    timeout_s: float = 300.0
-    log_every: int = 1
-    progress: bool = True
-    # pipeline receives posted ahead per peer (runtime.pipeline_engine); None: 2 on gloo, 0 on NCCL
-    prefetch_receives: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError("--steps", f"must be at least 1, got {self.steps}", "use --steps 1 or more")
-        if self.dp_impl not in DP_IMPLS:
-            raise ConfigError("--dp-impl", f"unknown value {self.dp_impl!r}", f"use one of: {', '.join(DP_IMPLS)}")
-        if not self.lr > 0:
-            raise ConfigError("--lr", f"must be positive, got {self.lr}", "use e.g. --lr 1e-3")
-        if self.bucket_bytes < 1:
-            raise ConfigError("--bucket-mb", f"must be positive, got {self.bucket_bytes / 2**20:g}", "use e.g. 25")
-        if self.prefetch_receives is not None and self.prefetch_receives < 0:
-            raise ConfigError("--prefetch-receives", f"must be at least 0, got {self.prefetch_receives}",
-                              "use 0 (post each receive at its action) or 1-2")
-        if not self.timeout_s > 0:
-            raise ConfigError("--timeout", f"must be positive, got {self.timeout_s}", "use e.g. --timeout 60")
-
-    @property
-    def warmup(self) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 10)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+__all__ = ["TrainConfig", "Trainer", "StepExecutor", "StepOutput", "SingleStageExecutor", "lr_at",
+           "global_grad_norm", "clip_grad_norm_", "validate_run", "check_outputs", "check_host_memory",
+           "worker_main", "DP_IMPLS"]
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio`` at the last step."""
-    w = cfg.warmup
-    if step < w:
-        return cfg.lr * (step + 1) / w
-    span = max(1, cfg.steps - 1 - w)
-    progress = min(1.0, (step - w) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
+# ----- checks before anything starts ----------------------------------------------------------------
 
-
-def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> None:
-    """Every check that needs no process group: run it before launching anything."""
+def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
+                 procs_on_host: int = 1) -> Schedule | None:
+    """Every check that needs no process group: run it before launching anything. Returns the
+    validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
     if config.sequence_parallel and config.pp > 1:
         raise ConfigError("sequence_parallel", "is not wired into the pipeline engine (its transfers carry the "
@@ -122,176 +73,139 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) ->
                           "give a file or directory, 'stdlib' or 'synthetic'")
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
-    if config.pp > 1:
-        from .pipeline import validate_pipeline
-
-        validate_pipeline(config, train)  # the schedule's own rules (e.g. Chimera's even stage count)
-
-
-# ----- gradient norm across shards ---------------------------------------------------------------
-
-def _counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
-    """Whether this rank's copy of ``p`` is the one counted in the global norm.
-
-    A shard counts on every rank holding a distinct piece; a replicated copy counts only on the
-    rank at coordinate 0 of each mesh axis it is replicated over (dp and tp; pipeline stages hold
-    distinct parameters, so pp never duplicates).
-    """
-    coords = ctx.coords
-    sharded_axes: set[str] = set()
-    g = p.grad
-    if isinstance(g, DTensor):
-        names = g.device_mesh.mesh_dim_names or ()
-        sharded_axes = {n for n, pl in zip(names, g.placements, strict=True) if not isinstance(pl, Replicate)}
-    return all(coords[a] == 0 for a in ("dp", "tp") if a not in sharded_axes)
+    check_host_memory(spec, procs_on_host)
+    check_outputs(train)
+    # the schedule's own rules (e.g. Chimera's even stage count)
+    return validate_pipeline(config, train) if config.pp > 1 else None
 
 
-def global_grad_norm(params: list[nn.Parameter], ctx: RuntimeContext) -> torch.Tensor:
-    """L2 norm of all gradients of the whole model, identical on every rank (one all-reduce)."""
-    sq = torch.zeros((), dtype=torch.float64, device=ctx.device)  # a scalar: fp64 costs nothing
-    for p in params:
-        if p.grad is not None and _counts_here(p, ctx):
-            g = local_tensor(p.grad).detach()
-            sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
-    if ctx.world_size > 1:
-        dist.all_reduce(sq)
-    return sq.sqrt()
+def check_outputs(train: TrainConfig) -> None:
+    """Every output path can be written (a typo costs a second, not a training run)."""
+    if train.metrics is not None:
+        check_output_path(train.metrics.replace("{rank}", "0"), "--metrics")
+    if train.trace is not None:
+        check_output_path(train.trace, "--trace")
+    if train.save_final is not None:
+        check_output_path(train.save_final, "--save-final")
 
 
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, ctx: RuntimeContext) -> float:
-    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
-    norm = global_grad_norm(params, ctx)
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                local_tensor(p.grad).mul_(coef)
-    return float(norm)
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-# ----- the replaceable part of a step ------------------------------------------------------------
-
-class StepExecutor(Protocol):
-    """Runs forward and backward of every micro-batch of one step on this rank.
-
-    ``build_parts`` receives the full model (same weights on every rank) and returns the modules
-    this rank trains (a pipeline engine: its chunks); the trainer then applies tensor and data
-    parallelism to them. ``forward_backward`` returns the rank's mean micro-batch loss
-    (detached) where the loss is computed, ``None`` elsewhere (e.g. non-last pipeline stages), and
-    must leave every gradient accumulated, with the data-parallel reduction started through
-    ``trainer.grad_sync`` (``accumulate()`` around all but the last backward of each parameter).
-    """
-
-    def build_parts(self, model: TransformerLM) -> list[nn.Module]: ...
-
-    def forward_backward(self, batch: Batch, step: int) -> torch.Tensor | None: ...
+def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
+    """Reject a model this machine cannot hold before any process allocates it: every process
+    builds the full fp32 model (4 bytes a parameter) before keeping its share, and the ranks
+    together hold fp32 gradients and AdamW's two moments (12 bytes a parameter)."""
+    params = spec.param_count()
+    need = params * (4 * procs_on_host + 12)
+    limit = _available_memory_bytes()
+    if need > limit:
+        raise ConfigError(
+            "model size", f"{spec.name} has {params:,} parameters (layers {spec.layers}, hidden {spec.hidden}, "
+            f"vocab {spec.vocab}): ~{need / 1e9:,.1f} GB of weights, gradients and AdamW state on this machine "
+            f"({procs_on_host} process(es)), more than the {limit / 1e9:,.1f} GB of memory available",
+            "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
 
 
-# Optional extension points, looked up with getattr so an executor implements only what it needs:
-# - ``owns_grad_reduction = True``: the executor reduces gradients itself (a pipeline schedule's
-#   R actions); the trainer then wraps no data parallelism (grad_sync is a no-op).
-# - ``train_step(step) -> dict``: the executor runs the whole step (optimizer included) and returns
-#   the metrics row; ``Trainer.train_step`` delegates to it.
-# - ``finish()``: replaces the trainer's end of run (final parameters of every stage, the trace).
-
-
-class SingleStageExecutor:
-    """No pipeline: the whole model, micro-batches one after another (gradient accumulation)."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
-    def build_parts(self, model: TransformerLM) -> list[nn.Module]:
-        return [model]
-
-    def forward_backward(self, batch: Batch, step: int) -> torch.Tensor | None:
-        t = self.trainer
-        model = t.parts[0]
-        n = batch.num_microbatches
-        total = torch.zeros((), dtype=torch.float64, device=t.ctx.device)
-        for i in range(n):
-            inputs, targets = (x.to(t.ctx.device, non_blocking=True) for x in batch.microbatch(i))
-            sync = t.grad_sync.accumulate() if i < n - 1 else contextlib.nullcontext()
-            with sync:
-                t.phase.name = f"step {step} forward of micro-batch {i}"
-                with t.tracer.span(f"F{i}@c0", microbatch=i), t.autocast(), loss_context(t.config.tp):
-                    loss = TransformerLM.loss(model(inputs), targets) / n
-                if i == 0:
-                    faults.maybe_inject_fault(t.ctx.rank, step)  # mid-step: forward done, backward not
-                t.phase.name = f"step {step} backward of micro-batch {i}"
-                with t.tracer.span(f"B{i}@c0", microbatch=i), loss_context(t.config.tp):
-                    loss.backward()
-            total += local_tensor(loss.detach()).double()
-        return total
-
-
-# ----- the trainer --------------------------------------------------------------------------------
+# ----- the step loop -----------------------------------------------------------------------------------
 
 class Trainer:
-    """Owns the model parts, data-parallel gradient sync, optimizer, data, metrics and trace of a rank."""
+    """The step loop of one rank: owns the model parts, the executor, the optimizer, the data, the
+    metrics rows and the end of the run (final parameters, trace).
 
-    def __init__(self, ctx: RuntimeContext, spec: ModelSpec, train: TrainConfig,
-                 executor_factory: Any = None) -> None:
+    ``schedule``: the run's validated pipeline schedule (:func:`validate_run` returns it); generated
+    here when not given.
+    """
+
+    def __init__(self, ctx: RuntimeContext, spec: ModelSpec, train: TrainConfig, *,
+                 schedule: Schedule | None = None, phase: faults.Phase | None = None) -> None:
         self.ctx, self.spec, self.train, self.config = ctx, spec, train, ctx.config
-        self.phase = faults.Phase()
+        self.phase = phase if phase is not None else faults.Phase()
         origin = [time.time()]
         if ctx.world_size > 1:
             dist.broadcast_object_list(origin, src=0)
         self.tracer = Tracer(ctx.rank, origin[0], enabled=train.trace is not None)
-        if executor_factory is None:
-            executor_factory = SingleStageExecutor if self.config.pp == 1 else _pipeline_factory()
-        self.executor: StepExecutor = executor_factory(self)
-        full = build_model(spec, train.seed)
-        parts = self.executor.build_parts(full)
+        model = build_model(spec, train.seed)
         tp_mesh = ctx.submesh("tp")
-        sp = self.config.sequence_parallel and self.config.pp == 1
-        # Move first, then shard: moving DTensor parameters swaps their tensors, which drops the
-        # gradient hooks tensor parallelism registers on them.
-        self.parts = [apply_tensor_parallel(p.to(ctx.device), tp_mesh, sequence_parallel=sp) for p in parts]
-        self.grad_sync: GradSync = self._wrap_data_parallel()
-        self.params = list({id(p): p for m in self.parts for p in m.parameters() if p.requires_grad}.values())
-        decay = [p for p in self.params if p.dim() >= 2]  # no decay on biases and norm scales (nanoGPT)
-        rest = [p for p in self.params if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-            lr=train.lr, betas=train.betas, eps=1e-8, foreach=False,
-        )
+        self.schedule: Schedule | None = None
+        self.executor: StepExecutor
+        if self.config.pp == 1:
+            # Move first, then shard: moving DTensor parameters swaps their tensors, which drops the
+            # gradient hooks tensor parallelism registers on them.
+            part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
+                                         sequence_parallel=self.config.sequence_parallel)
+            part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
+                                                 recorder=self.tracer)
+            self.optimizer = Optimizer(_trainable([part]), train)
+            self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
+                                                phase=self.phase, autocast=self.autocast)
+        else:
+            self.schedule = schedule if schedule is not None else schedule_for(self.config, train.steps)
+            check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
+            layout = cut_model(model, self.schedule, self.config, ctx.pp_rank)
+            groups = make_groups(self.config, self.schedule, layout, ctx)
+            parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=False)
+                     for m in layout.modules]
+            self.optimizer = Optimizer(_trainable(parts), train)
+            self.executor = PipelineExecutor(ctx, spec, train, self.schedule, layout, parts, groups, self.optimizer,
+                                             self._batch, tracer=self.tracer, phase=self.phase,
+                                             autocast=self.autocast)
+        self.params = self.optimizer.params
         self.data = DataSource(load_corpus(train.data, train.data_cap_bytes), spec, seed=train.seed,
                                global_batch=self.config.global_batch, microbatch=self.config.microbatch)
-        self.flops_per_token = model_flops_per_token(spec)
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
 
-    def _wrap_data_parallel(self) -> GradSync:
-        impl, dp = self.train.dp_impl, self.config.dp
-        if getattr(self.executor, "owns_grad_reduction", False):
-            return NoGradSync()  # the pipeline schedule's R actions reduce the gradients
-        if impl == "fsdp" and (dp > 1 or self.config.optimizer_sharding):
-            from torch.distributed.fsdp import fully_shard
-
-            dp_mesh = self.ctx.submesh("dp")
-            # Parameters stay gathered from forward to the end of backward: one all-gather and one
-            # reduce-scatter per step, the traffic of ZeRO-1/2 that the planner's
-            # optimizer-sharding cost assumes; between steps parameters, gradients and AdamW state
-            # are sharded, so memory never exceeds the planner's estimate.
-            for part in self.parts:
-                for block in part.blocks:
-                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
-                fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
-            return FSDPGradSync(self.parts[0]) if len(self.parts) == 1 else NoGradSync()
-        if dp == 1:
-            return NoGradSync()
-        if impl == "ddp":
-            ddp = nn.parallel.DistributedDataParallel(self.parts[0], process_group=self.ctx.group("dp"),
-                                                      bucket_cap_mb=self.train.bucket_bytes / 2**20)
-            self.parts = [ddp]
-            return DDPGradSync(ddp)
-        return BucketedAllReduce(self.parts, self.ctx.group("dp"), bucket_bytes=self.train.bucket_bytes,
-                                 recorder=self.tracer)
+    def _batch(self, step: int) -> Batch:
+        return self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.train.bf16:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
+
+    def run(self, writer: MetricsWriter) -> list[dict[str, Any]]:
+        """Every step, each row written to ``writer`` and logged by rank 0; returns the rows."""
+        rows = []
+        console = StepConsole(self.ctx.rank, self.train.steps, log_every=self.train.log_every,
+                              progress_bar=self.train.progress)
+        console.line(self.describe())
+        with console:
+            for step in range(self.train.steps):
+                row = self.train_step(step)
+                rows.append(row)
+                writer.write({**row, "rank": self.ctx.rank})
+                console.step(row)
+        return rows
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One optimizer step; returns its metrics row (the same loss on every rank)."""
+        self.tracer.step = step
+        lr = self.optimizer.set_step(step)
+        start = time.perf_counter()
+        out = self.executor.run(step)
+        grad_norm = out.grad_norm
+        if grad_norm is None:  # the executor left the update to the loop
+            self.phase.name = f"step {step} gradient clipping"
+            with self.tracer.span("X:clip"):
+                grad_norm = self.optimizer.clip(global_grad_norm(self.params, self.ctx))
+            self.phase.name = f"step {step} optimizer"
+            with self.tracer.span("U"):
+                self.optimizer.step()
+        step_s = out.step_s if out.step_s is not None else time.perf_counter() - start
+        self.phase.name = f"step {step} loss reduction"
+        loss = self._global_loss(out.local_loss)
+        gb = self.config.global_batch
+        return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_s,
+                "tokens_per_s": gb * self.spec.seq / step_s,
+                "mfu": step_mfu(self.spec, gb, step_s, self.peak_flops, self.ctx.world_size)}
 
     def _global_loss(self, local: torch.Tensor | None) -> float:
         # Ranks computing the loss hold it replicated over tp: count it once (tp coordinate 0),
@@ -303,100 +217,80 @@ class Trainer:
             dist.all_reduce(t)
         return float(t) / self.config.dp
 
-    def train_step(self, step: int) -> dict[str, Any]:
-        own_step = getattr(self.executor, "train_step", None)
-        if own_step is not None:  # the pipeline engine runs the schedule's optimizer steps itself
-            return own_step(step)
-        self.tracer.step = step
-        start = time.perf_counter()
-        lr = lr_at(step, self.train)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
-        batch = self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)
-        local_loss = self.executor.forward_backward(batch, step)
-        self.phase.name = f"step {step} gradient reduction"
-        self.grad_sync.finish()
-        self.phase.name = f"step {step} gradient clipping"
-        with self.tracer.span("X:clip"):
-            grad_norm = clip_grad_norm_(self.params, self.train.grad_clip, self.ctx)
-        self.phase.name = f"step {step} optimizer"
-        with self.tracer.span("U"):
-            self.optimizer.step()
-        self.phase.name = f"step {step} loss reduction"
-        loss = self._global_loss(local_loss)
-        step_s = time.perf_counter() - start
-        tokens = self.config.global_batch * self.spec.seq
-        tokens_per_s = tokens / step_s
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.ctx.world_size)
-        return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_s,
-                "tokens_per_s": tokens_per_s, "mfu": mfu}
-
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters by name (a collective: every rank must call it)."""
-        out: dict[str, torch.Tensor] = {}
-        for part in self.parts:
-            for name, p in part.named_parameters():
-                full = p.full_tensor() if isinstance(p, DTensor) else p
-                out[name.removeprefix("module.")] = full.detach().cpu().clone()
-        return out
+        """Unsharded parameters of the whole model by name (a collective: every rank must call it)."""
+        return self.executor.full_parameters()
 
     def finish(self) -> None:
-        """Write the trace and the final parameters (collectives first, then rank 0's I/O)."""
-        own_finish = getattr(self.executor, "finish", None)
-        if own_finish is not None:  # pipeline: parameters gathered over stages, trace in the simulator's format
-            own_finish()
-            return
+        """Write the final parameters and the trace (collectives on every rank, then rank 0's I/O)."""
         if self.train.save_final is not None:
             params = self.full_parameters()
             if self.ctx.rank == 0:
-                torch.save(params, self.train.save_final)
+                with atomic_writer(self.train.save_final, "--save-final", binary=True) as fh:
+                    torch.save(params, fh)
         if self.train.trace is not None:
+            mine = self.executor.trace_events()
             gathered: list[Any] = [None] * self.ctx.world_size
             if self.ctx.world_size > 1:
-                dist.all_gather_object(gathered, self.tracer.events)
+                dist.all_gather_object(gathered, mine)
             else:
-                gathered = [self.tracer.events]
+                gathered = [mine]
             if self.ctx.rank == 0:
                 c = self.config
-                write_chrome_trace(self.train.trace, gathered, f"measured: paratrain train {self.spec.name} "
-                                   f"dp={c.dp} tp={c.tp} pp={c.pp} ({self.train.dp_impl})")
+                write_measured_trace(self.train.trace, [e for evs in gathered for e in evs],
+                                     metadata=self.trace_metadata(),
+                                     title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp} "
+                                           f"({self.train.dp_impl})")
+
+    def trace_metadata(self) -> dict[str, Any]:
+        """What the trace measured: enough to simulate the same run (``paratrain calibrate --from-trace``,
+        ``paratrain compare``)."""
+        s, c = self.schedule, self.config
+        return {"source": "paratrain train (measured)", "model": self.spec.name, "model_spec": self.spec.to_dict(),
+                "parallel": c.to_dict(), "dp_impl": self.train.dp_impl,
+                # one stage running each micro-batch's forward and backward in turn is 1F1B's one-stage case
+                "schedule": s.name if s is not None else "1f1b", "stages": c.pp,
+                "microbatches": s.microbatches if s is not None else c.num_microbatches,
+                "iterations": s.iterations if s is not None else 1, "steps": self.train.steps}
+
+    def describe(self) -> str:
+        c, ctx, data = self.config, self.ctx, self.data
+        return (f"{self.spec.name}: {self.spec.param_count():,} parameters, dp={c.dp} tp={c.tp} pp={c.pp} "
+                f"({self.train.dp_impl} data parallel) on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
+                f"global batch {c.global_batch} = {c.num_microbatches} micro-batches of {c.microbatch} per replica, "
+                f"data {data.corpus.name} ({data.corpus.size_bytes:,} bytes); MFU against "
+                f"{self.peak_flops / 1e12:.3g} TFLOP/s ({self.peak_device} preset)")
 
 
-def _pipeline_factory() -> Any:
-    from paratrain.runtime import pipeline  # type: ignore[attr-defined]
+def _trainable(parts: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
+    return list({id(p): p for m in parts for p in m.parameters() if p.requires_grad}.values())
 
-    return pipeline.PipelineExecutor
 
+# ----- one worker ----------------------------------------------------------------------------------------
 
 def worker_main(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> list[dict[str, Any]]:
     """Body of one worker process: returns the per-step metrics (every rank holds the same losses).
 
     Failures never return: one line on stderr, then exit (see :mod:`paratrain.runtime.faults`).
     """
-    from .progress import run_loop
-
     rank = int(os.environ.get("RANK", "0"))
     alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
     phase = faults.Phase()
-    faults.install_sigterm_handler(rank)
-    with faults.guard(rank, phase, train.timeout_s, alone=alone):
-        validate_run(spec, config, train)
+    with faults.guard(rank, phase, train.timeout_s, alone=alone), faults.signal_handlers(rank, alone=alone):
+        schedule = validate_run(spec, config, train,
+                                procs_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         phase.name = "rendezvous"
         ctx = init_runtime(config, timeout_s=train.timeout_s)
         if ctx.backend == "gloo" and ctx.world_size > 1:
             phase.name = "start-up barrier"
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=train.timeout_s), wait_all_ranks=True)
         torch.manual_seed(train.seed)
-        trainer = Trainer(ctx, spec, train)
-        trainer.phase = phase
-        writer = MetricsWriter(train.metrics, ctx.rank)
-        try:
-            rows = run_loop(trainer, writer)
-            phase.name = "final save"
-            trainer.finish()
-        finally:
-            writer.close()
+        phase.name = "set-up"
+        trainer = Trainer(ctx, spec, train, schedule=schedule, phase=phase)
+        with MetricsWriter(train.metrics, ctx.rank) as writer:
+            rows = trainer.run(writer)
+        phase.name = "final save"
+        trainer.finish()
         phase.name = "shutdown"
         if ctx.world_size > 1:
             dist.barrier()  # no rank tears its sockets down while a peer still talks to it

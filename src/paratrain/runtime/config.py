@@ -1,0 +1,77 @@
+"""The run options of ``paratrain train`` that are neither the model nor the parallel layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from paratrain.errors import ConfigError, require_positive
+
+__all__ = ["TrainConfig", "DP_IMPLS"]
+
+DP_IMPLS = ("paratrain", "ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything about a run that is not the model or the parallel layout.
+
+    Checked on construction, so bad values stop ``paratrain train`` before any worker starts.
+    """
+
+    steps: int = 20
+    seed: int = 0
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio (Chinchilla, Hoffmann et al. 2022)
+    warmup_steps: int | None = None  # None: 10% of the steps
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)  # GPT-3 (Brown et al. 2020, appendix B)
+    grad_clip: float = 1.0  # inf: no clipping
+    bf16: bool = False
+    data: str = "stdlib"
+    data_cap_bytes: int = 8 * 2**20
+    dp_impl: str = "paratrain"
+    bucket_bytes: int = 25 * 2**20
+    metrics: str | None = None
+    trace: str | None = None
+    save_final: str | None = None
+    timeout_s: float = 300.0
+    log_every: int = 1
+    progress: bool = True
+    # pipeline receives posted ahead per peer (runtime.pipeline_engine); None: 2 on gloo, 0 on NCCL
+    prefetch_receives: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError("--steps", f"must be at least 1, got {self.steps}", "use --steps 1 or more")
+        if self.dp_impl not in DP_IMPLS:
+            raise ConfigError("--dp-impl", f"unknown value {self.dp_impl!r}", f"use one of: {', '.join(DP_IMPLS)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("--lr", f"must be a positive finite number, got {self.lr}", "use e.g. --lr 1e-3")
+        if math.isnan(self.grad_clip) or not self.grad_clip > 0:
+            raise ConfigError("--grad-clip", f"must be positive, got {self.grad_clip}",
+                              "use e.g. --grad-clip 1.0 (inf: no clipping)")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ConfigError("--warmup", f"must be at least 0, got {self.warmup_steps}",
+                              "use e.g. --warmup 0 (none) or leave it out (10% of --steps)")
+        if self.log_every < 1:
+            raise ConfigError("--log-every", f"must be at least 1, got {self.log_every}", "use e.g. --log-every 10")
+        if self.bucket_bytes < 1:
+            raise ConfigError("--bucket-mb", f"must be positive, got {self.bucket_bytes / 2**20:g}", "use e.g. 25")
+        if self.prefetch_receives is not None and self.prefetch_receives < 0:
+            raise ConfigError("--prefetch-receives", f"must be at least 0, got {self.prefetch_receives}",
+                              "use 0 (post each receive at its action) or 1-2")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("--timeout", f"must be a positive finite number of seconds, got {self.timeout_s}",
+                              "use e.g. --timeout 60")
+        require_positive("weight_decay", self.weight_decay, allow_zero=True)
+        require_positive("min_lr_ratio", self.min_lr_ratio, allow_zero=True)
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 10)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,117 @@
+"""The optimizer step every executor shares: learning-rate schedule, gradient norm over shards,
+global-norm clipping and AdamW.
+
+The step loop (:mod:`paratrain.runtime.train`) clips and steps once the gradients of a step are
+reduced; a pipeline schedule does so at each of its ``U`` actions, with the norm it computed over
+the ranks that step together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+
+from .config import TrainConfig
+from .data_parallel import local_tensor
+from .mesh import RuntimeContext
+
+__all__ = ["lr_at", "counts_here", "grad_norm_sq", "global_grad_norm", "clip_grads_", "clip_grad_norm_",
+           "Optimizer"]
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio`` at the last step."""
+    w = cfg.warmup
+    if step < w:
+        return cfg.lr * (step + 1) / w
+    span = max(1, cfg.steps - 1 - w)
+    progress = min(1.0, (step - w) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
+    """Whether this rank's copy of ``p`` is the one counted in the global norm.
+
+    A shard counts on every rank holding a distinct piece; a replicated copy counts only on the
+    rank at coordinate 0 of each mesh axis it is replicated over (dp and tp; pipeline stages hold
+    distinct parameters, so pp never duplicates).
+    """
+    coords = ctx.coords
+    sharded_axes: set[str] = set()
+    g = p.grad
+    if isinstance(g, DTensor):
+        names = g.device_mesh.mesh_dim_names or ()
+        sharded_axes = {n for n, pl in zip(names, g.placements, strict=True) if not isinstance(pl, Replicate)}
+    return all(coords[a] == 0 for a in ("dp", "tp") if a not in sharded_axes)
+
+
+def grad_norm_sq(params: list[torch.Tensor], ctx: RuntimeContext) -> torch.Tensor:
+    """This rank's share of the squared global gradient norm (fp64 scalar; sum it over the ranks)."""
+    sq = torch.zeros((), dtype=torch.float64, device=ctx.device)  # a scalar: fp64 costs nothing
+    for p in params:
+        if p.grad is not None and counts_here(p, ctx):
+            g = local_tensor(p.grad).detach()
+            sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
+    return sq
+
+
+def global_grad_norm(params: list[nn.Parameter], ctx: RuntimeContext) -> torch.Tensor:
+    """L2 norm of all gradients of the whole model, identical on every rank (one all-reduce)."""
+    sq = grad_norm_sq(list(params), ctx)
+    if ctx.world_size > 1:
+        dist.all_reduce(sq)
+    return sq.sqrt()
+
+
+def clip_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float) -> float:
+    """Scale gradients so that ``norm`` (theirs, computed by the caller) becomes at most ``max_norm``."""
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                local_tensor(p.grad).mul_(coef)
+    return float(norm)
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, ctx: RuntimeContext) -> float:
+    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
+    return clip_grads_(params, global_grad_norm(params, ctx), max_norm)
+
+
+class Optimizer:
+    """AdamW over this rank's parameters with the run's learning-rate schedule and clipping.
+
+    No weight decay on biases and norm scales (nanoGPT); ``foreach=False`` keeps the per-tensor
+    kernels, whose results do not depend on how parameters are grouped across ranks.
+    """
+
+    def __init__(self, params: list[nn.Parameter], train: TrainConfig) -> None:
+        self.params, self.train = params, train
+        decay = [p for p in params if p.dim() >= 2]
+        rest = [p for p in params if p.dim() < 2]
+        self.adamw = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=train.lr, betas=train.betas, eps=1e-8, foreach=False,
+        )
+
+    def set_step(self, step: int) -> float:
+        """Set the learning rate of ``step`` (0-based); returns it."""
+        lr = lr_at(step, self.train)
+        for group in self.adamw.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def clip(self, norm: torch.Tensor) -> float:
+        """Scale the gradients by ``min(1, grad_clip / norm)``; ``norm`` is their norm over the ranks
+        that step together. Returns the norm."""
+        return clip_grads_(self.params, norm, self.train.grad_clip)
+
+    def step(self) -> None:
+        """AdamW on the (reduced, clipped) gradients, then drop them."""
+        self.adamw.step()
+        self.adamw.zero_grad(set_to_none=True)
