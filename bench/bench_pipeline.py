@@ -170,7 +170,8 @@ def _paired(ours: list[float], theirs: list[float]) -> tuple[float, float, float
 
 def _measured(path: Path, steps: int) -> tuple[float, float]:
     """(bubble fraction, iteration time) of a measured trace, as ``paratrain compare`` computes them."""
-    from paratrain.cli.compare import load_trace, timeline_stats
+    from paratrain.trace import read_trace as load_trace
+    from paratrain.trace import timeline_stats
 
     spans, meta = load_trace(str(path), "trace")
     m, its = int(meta["microbatches"]), int(meta["iterations"])
@@ -208,11 +209,11 @@ def _simulate_exact(a: argparse.Namespace, name: str, trace: Path, steps: int,
     gradient-norm all-reduce): what is left is idle time that neither the schedule's order nor the
     modelled communication produces. Synchronous schedules: per step after the first, mean bubble,
     median iteration (as measured); asynchronous ones: the whole run."""
-    from paratrain.cli.compare import load_trace
     from paratrain.cost.stage import chunk_costs
     from paratrain.runtime.pipeline import schedule_for
     from paratrain.schedule.ir import ActionKind as K
     from paratrain.sim import simulate, timing_for_config
+    from paratrain.trace import read_trace as load_trace
 
     timed = (K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER_STEP)
     cfg = _config(a, name)

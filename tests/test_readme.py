@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,6 +40,43 @@ def test_search_time_is_masked(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("<!-- regen -->\n```\n$ echo 'Top 5 (searched in 1.5 s)'\nTop 5 (searched in 9.9 s)\n```\n")
     assert regen.stale_diff(readme) == ""
+
+
+def test_here_document_belongs_to_its_command(tmp_path: Path) -> None:
+    regen = _regen()
+    text = "<!-- regen -->\n```\n$ cat > a.txt <<'EOF'\nfirst\n$ not a command\nEOF\n$ cat a.txt\nstale\n```\n"
+    out = regen.regenerate(text)
+    assert out == (
+        "<!-- regen -->\n```\n$ cat > a.txt <<'EOF'\nfirst\n$ not a command\nEOF\n"
+        "$ cat a.txt\nfirst\n$ not a command\n```\n"
+    )
+
+
+def test_each_block_runs_in_its_own_scratch_directory() -> None:
+    regen = _regen()
+    block = "<!-- regen -->\n```\n$ ls; touch {}.txt\n```\n"
+    text = block.format("a") + block.format("b")
+    assert regen.regenerate(text) == text  # neither block sees the file the other made
+
+
+def test_a_quoted_error_is_kept_but_an_unexpected_failure_stops(tmp_path: Path) -> None:
+    regen = _regen()
+    ok = regen.regenerate("<!-- regen -->\n```\n$ echo 'paratrain: error: x'; exit 2\n```\n")
+    assert "paratrain: error: x" in ok
+    for cmd in ("no-such-command-xyz", "echo hello | grep -q absent"):
+        with pytest.raises(SystemExit, match="exited with"):
+            regen.regenerate(f"<!-- regen -->\n```\n$ {cmd}\n```\n")
+
+
+def test_file_option_checks_and_rewrites_another_file(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- regen -->\n```\n$ echo fresh\nstale\n```\n")
+    script = [sys.executable, str(ROOT / "docs" / "regen.py"), "--file", str(doc)]
+    check = subprocess.run([*script, "--check"], capture_output=True, text=True)
+    assert check.returncode == 1 and "+fresh" in check.stdout
+    assert subprocess.run(script, capture_output=True, text=True).returncode == 0
+    assert doc.read_text() == "<!-- regen -->\n```\n$ echo fresh\nfresh\n```\n"
+    assert subprocess.run([*script, "--check"], capture_output=True, text=True).returncode == 0
 
 
 @pytest.mark.slow

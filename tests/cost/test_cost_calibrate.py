@@ -67,7 +67,8 @@ def _trace(path, durations_by_step: dict[int, list[float]]) -> None:
 def test_run_variation_leaves_out_the_first_step(tmp_path) -> None:
     """What --from-trace and paratrain compare take as a run's variation: step 0 (warm-up) is left
     out, so forwards of 1, 2, 3 s give sqrt(variance / mean²) = sqrt(1/6); 2, 2, 2 gives 0."""
-    from paratrain.cli.compare import load_trace, run_variation
+    from paratrain.trace import read_trace as load_trace
+    from paratrain.trace import run_variation
 
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     _trace(one, {0: [9.0, 0.1, 5.0], 1: [1.0, 2.0, 3.0]})

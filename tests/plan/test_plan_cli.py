@@ -189,8 +189,8 @@ def test_model_fits_nowhere_exit_2(capsys):
 
 
 def test_parallel_flags_are_declared_once():
-    """plan, simulate and cost take the parallel-layout flags from one declaration: same names,
-    same help, same types."""
+    """plan, simulate, cost and train take the parallel-layout flags from one declaration: same
+    names, same help, same types."""
     import typer
 
     from paratrain.cli import app
@@ -202,11 +202,13 @@ def test_parallel_flags_are_declared_once():
         params = root.commands[name].params  # type: ignore[attr-defined]
         return {p.name: (tuple(p.opts), tuple(p.secondary_opts), p.help) for p in params}
 
-    plan_, sim, cost = options("plan"), options("simulate"), options("cost")
+    plan_, sim, cost, train = options("plan"), options("simulate"), options("cost"), options("train")
     layout = ["dp", "tp", "pp", "microbatch", "schedule", "virtual_stages", "recompute", "sequence_parallel",
               "optimizer_sharding"]
     for name in layout:
         assert plan_[name] == sim[name], name
+        if name != "recompute":  # train recomputes nothing yet
+            assert train[name] == plan_[name], name
         assert FIELD_FLAGS[name] in plan_[name][0]
     for name in ("tp", "microbatch", "recompute", "sequence_parallel"):
         assert cost[name] == plan_[name], name

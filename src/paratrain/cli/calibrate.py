@@ -93,8 +93,8 @@ def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
     for f in fits:
         print(f"{f.path}: compute {f.measured_busy_s:.4g} s per step measured vs {f.simulated_busy_s:.4g} s modelled "
               f"(x{f.speed_factor:.3f}); variation of action durations {f.duration_cv:.3f}")
-    print(f"compute rates / {factor:.3f}, kernel overheads x {factor:.3f}; duration_cv {device.duration_cv:.3f} -> "
-          f"{cv:.3f}; wrote {target}")
+    print(f"GEMM efficiency and memory bandwidth / {factor:.3f} (peak FLOP/s kept), kernel overheads x {factor:.3f}; "
+          f"duration_cv {device.duration_cv:.3f} -> {cv:.3f}; wrote {target}")
 
 
 def calibrate(

@@ -13,14 +13,24 @@ from typing import Annotated, Any
 import typer
 
 from paratrain.cli.options import (
+    DpOpt,
     FfnOpt,
+    GlobalBatchOpt,
     HeadsOpt,
     HiddenOpt,
     KvHeadsOpt,
     LayersOpt,
+    MicrobatchOpt,
     ModelOpt,
+    OptimizerShardingOpt,
+    PpOpt,
+    ScheduleOpt,
     SeqOpt,
+    SequenceParallelOpt,
+    TpOpt,
+    VirtualStagesOpt,
     VocabOpt,
+    flag_errors,
     parallel_from_opts,
     resolve_model_opts,
 )
@@ -32,7 +42,9 @@ _O = "Output"
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train", help="Train a model for real on torch.distributed (gloo on CPU, NCCL on GPU).")(train)
+    app.command("train", help="Train a model for real on torch.distributed (gloo on CPU, NCCL on GPU).")(
+        flag_errors(train)
+    )
 
 
 def _model_from_doc(doc: Any) -> Any:
@@ -54,23 +66,15 @@ def train(
     vocab: VocabOpt = None,
     config: Annotated[str | None, typer.Option("--config", help="Run document from `paratrain plan --json` or a "
                                                "ParallelConfig file; flags override it.", rich_help_panel=_P)] = None,
-    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel size.", rich_help_panel=_P)] = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.", rich_help_panel=_P)] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages (see --schedule).",
-                                           rich_help_panel=_P)] = None,
-    schedule: Annotated[str | None, typer.Option("--schedule", help="Pipeline schedule (with --pp > 1): gpipe, "
-                        "1f1b, interleaved, chimera, pipedream, 2bw, zb-h1.", rich_help_panel=_P)] = None,
-    virtual_stages: Annotated[int | None, typer.Option("--virtual-stages", help="Model chunks per pipeline rank "
-                              "(interleaved; default 2 there).", rich_help_panel=_P)] = None,
-    microbatch: Annotated[int | None, typer.Option("--microbatch", help="Micro-batch size (samples).",
-                                                   rich_help_panel=_P)] = None,
-    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Global batch (samples per step).",
-                                                     rich_help_panel=_P)] = None,
-    sequence_parallel: Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
-                                 help="Split norms and residual stream on the sequence over tp.",
-                                 rich_help_panel=_P)] = None,
-    optimizer_sharding: Annotated[bool | None, typer.Option("--optimizer-sharding/--no-optimizer-sharding",
-                                  help="Shard AdamW state over dp (FSDP2 fully_shard).", rich_help_panel=_P)] = None,
+    dp: DpOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    schedule: ScheduleOpt = None,
+    virtual_stages: VirtualStagesOpt = None,
+    microbatch: MicrobatchOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
+    optimizer_sharding: OptimizerShardingOpt = None,
     dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
                        "overlapped), ddp (torch DDP), fsdp (FSDP2; default with --optimizer-sharding).",
                        rich_help_panel=_P)] = None,

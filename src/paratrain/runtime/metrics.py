@@ -12,6 +12,7 @@ wall-clock offsets from an origin rank 0 broadcasts at start-up, so ranks line u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import IO, Any
@@ -19,9 +20,9 @@ from typing import IO, Any
 import torch
 
 from paratrain.cost.compute import model_flops_per_iteration
-from paratrain.fileio import atomic_write_text, check_output_path
+from paratrain.fileio import check_output_path
 from paratrain.spec.model import ModelSpec
-from paratrain.trace import TraceEvent, chrome_trace
+from paratrain.trace import TraceEvent, category_of, write_trace
 
 __all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter", "write_measured_trace"]
 
@@ -55,9 +56,6 @@ def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]
     return peak, name
 
 
-_CATEGORY = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "R": "reduce", "U": "optimizer"}
-
-
 class Tracer:
     """Collects the spans of one rank with their steps. ``enabled=False`` makes every call a no-op."""
 
@@ -76,7 +74,7 @@ class Tracer:
         """A span measured with ``time.perf_counter()``; ``stream`` is "compute" or "comm"."""
         if not self.enabled:
             return
-        category = "filler" if name.startswith("X:") else _CATEGORY.get(name[:1], "filler")
+        category = category_of(name)
         self.events.append((self.step, TraceEvent(self.rank, stream, name, self.trace_time(start_s),
                                                   end_s - start_s, category, microbatch)))
 
@@ -97,14 +95,10 @@ class _Span:
 
 def write_measured_trace(path: str, events: list[tuple[int, TraceEvent]], *, metadata: dict[str, Any],
                          title: str = "") -> None:
-    """All ranks' ``(step, event)`` pairs as one Chrome trace (:func:`paratrain.trace.chrome_trace`),
-    each event's ``args.step`` its step, written atomically to ``path`` (the ``--trace`` flag)."""
-    doc = chrome_trace([e for _, e in events], title=title)
-    x_events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    for e, (step, _) in zip(x_events, events, strict=True):
-        e["args"] = {**e.get("args", {}), "step": step}
-    doc["metadata"] = metadata
-    atomic_write_text(path, json.dumps(doc) + "\n", "--trace")
+    """All ranks' ``(step, event)`` pairs as one Chrome trace, each event's ``args.step`` its step,
+    written atomically to ``path`` (the ``--trace`` flag) by :func:`paratrain.trace.write_trace`."""
+    write_trace(path, [dataclasses.replace(e, step=step) for step, e in events], field="--trace", title=title,
+                metadata=metadata)
 
 
 class MetricsWriter:

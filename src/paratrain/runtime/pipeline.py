@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
+from paratrain.schedule.compiled import hosts_of
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
@@ -167,7 +168,7 @@ def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout,
 
     reduce: dict[int, dist.ProcessGroup | None] = {}
     for c in range(schedule.num_chunks):
-        hosts = sorted({row[c] for row in schedule.placement})
+        hosts = hosts_of(schedule, c)
         for t in range(config.tp):
             g = group_of([config.rank_of(pp=h, dp=d, tp=t) for h in hosts for d in range(config.dp)])
             if t == tp_rank and pp_rank in hosts:

@@ -51,6 +51,7 @@ from torch.func import functional_call
 
 from paratrain.errors import ConfigError
 from paratrain.schedule.ir import Action, ActionKind, Schedule
+from paratrain.trace import CATEGORY_OF_KIND
 
 __all__ = ["LocalChunk", "StepHooks", "PipelineEngine", "ActionSpan", "accumulation_count"]
 
@@ -96,10 +97,6 @@ class ActionSpan:
     start_s: float
     end_s: float
     microbatch: int | None
-
-
-_CATEGORY = {K.FORWARD: "forward", K.BACKWARD: "backward", K.BACKWARD_INPUT: "input", K.BACKWARD_WEIGHT: "weight",
-             K.REDUCE_GRAD: "reduce", K.OPTIMIZER_STEP: "optimizer", K.FILLER: "filler"}
 
 
 def accumulation_count(schedule: Schedule) -> int:
@@ -195,7 +192,8 @@ class PipelineEngine:
             start = time.perf_counter()
             self._execute(a, i)
             if self.record and a.kind is not K.OPTIMIZER_STEP:  # the hooks time U's parts themselves
-                self.spans.append(ActionSpan(str(a), _CATEGORY[a.kind], start, time.perf_counter(), a.microbatch))
+                end = time.perf_counter()
+                self.spans.append(ActionSpan(str(a), CATEGORY_OF_KIND[a.kind], start, end, a.microbatch))
             i += 1
         for work, _ in self._sends:
             work.wait()
