@@ -25,7 +25,7 @@ measured: mean bubble and median iteration over the steps after the first). For 
 same with only the variation fitted, with the variation ``paratrain calibrate`` measures on a
 loop of identical kernels, with variation 0, and an exact replay (every action its measured
 duration, communication as calibrated), which isolates the schedule and communication model.
-Targets (issue 6): ratio ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time
+Targets: ratio ours/torch ≤ 1.0; bubble within 5 points; simulated iteration time
 within 15 %.
 """
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from paratrain.errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "check_output_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "check_distinct_paths", "check_output_path"]
 
 
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
@@ -31,6 +31,20 @@ def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents:
     p = Path(path)
     if str(path) == "":
         raise ConfigError(field, "empty output path", f"give {field} a file name")
+    long = [part for part in p.parts if len(os.fsencode(part)) > _NAME_MAX]
+    if long:  # the write would fail only after the work, or leave the directories it created
+        raise ConfigError(field, f"the name {long[0][:24]!r}… has {len(os.fsencode(long[0]))} bytes, more than "
+                          f"{_NAME_MAX}", "choose a shorter name")
+    try:
+        return _check_output_path(p, field, make_parents)
+    except OSError as e:  # e.g. a path the system cannot look up at all
+        raise ConfigError(field, f"cannot use {str(p)!r}: {e.strerror or e}", "choose another path") from None
+
+
+_NAME_MAX = 255  # bytes per path component on Linux, macOS and Windows file systems
+
+
+def _check_output_path(p: Path, field: str, make_parents: bool) -> Path:
     if p.is_dir():
         raise ConfigError(field, f"{str(p)!r} is a directory", f"give {field} a file name inside it")
     if p.exists() and not p.is_file():
@@ -64,6 +78,43 @@ def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents:
     return p
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
+
+
+def check_distinct_paths(
+    outputs: Mapping[str, str | os.PathLike[str] | None],
+    inputs: Mapping[str, str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None] | None = None,
+) -> None:
+    """A ConfigError unless every output flag names its own file and none names an existing input.
+
+    ``outputs`` and ``inputs`` map a flag to its path (None: not given; an input may be a list).
+    Each output is written whole, so two outputs on one path would leave only the last, and an
+    output on an input file would destroy the input. Inputs that are not files (preset names)
+    are skipped.
+    """
+    given = [(flag, Path(p)) for flag, p in outputs.items() if p is not None and str(p) != ""]
+    for i, (flag, path) in enumerate(given):
+        for other, other_path in given[:i]:
+            if _same_file(path, other_path):
+                raise ConfigError(flag, f"{str(path)!r} is also the {other} file; one would overwrite the other",
+                                  "give each output its own path")
+    for in_flag, value in (inputs or {}).items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if v is None or str(v) == "" or not Path(v).is_file():
+                continue
+            for flag, path in given:
+                if _same_file(path, Path(v)):
+                    raise ConfigError(flag, f"{str(path)!r} is the {in_flag} input; writing it would destroy it",
+                                      "write the output to another file")
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], field: str, *, binary: bool = False) -> Iterator[IO[Any]]:
     """Yield a file handle whose contents replace ``path`` only when the block ends without error.
@@ -76,7 +127,9 @@ def atomic_writer(path: str | os.PathLike[str], field: str, *, binary: bool = Fa
         target = Path(os.path.realpath(target))  # replace the file the link points to, keep the link
     parent = target.parent if str(target.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        # the temporary name adds 14 bytes (dot, dot, 8 random, ".tmp"): keep it a legal name
+        stem = os.fsencode(target.name)[: _NAME_MAX - 14].decode(errors="ignore")
+        fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=parent)
     except OSError as e:
         raise ConfigError(
             field, f"cannot write {str(target)!r}: {e.strerror or e}", "choose a writable location"

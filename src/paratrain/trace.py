@@ -43,14 +43,17 @@ __all__ = [
     "TimelineStats",
     "TraceEvent",
     "category_of",
+    "check_same_run",
     "chrome_trace",
     "duration_variation",
     "events_from_chrome_trace",
     "read_trace",
+    "run_shape",
     "run_variation",
     "select_step",
     "shift_to_zero",
     "timeline_stats",
+    "trace_origin",
     "write_trace",
 ]
 
@@ -266,6 +269,56 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def trace_origin(meta: dict[str, Any]) -> str | None:
+    """``"measured"`` (``paratrain train``), ``"predicted"`` (``paratrain simulate``, ``schedule
+    show``) or None (a trace whose metadata does not say) from the metadata's ``source``."""
+    src = meta.get("source")
+    if not isinstance(src, str):
+        return None
+    if src.startswith("paratrain train") or src.endswith("(measured)"):
+        return "measured"
+    if src.startswith(("paratrain simulate", "paratrain schedule show")) or src.endswith("(predicted)"):
+        return "predicted"
+    return None
+
+
+def run_shape(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a trace's metadata states about its run: pipeline stages, schedule, chunks per rank,
+    micro-batches per step and the model's shape (only the keys it states)."""
+    par = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
+    out: dict[str, Any] = {}
+    stages = par.get("pp", meta.get("stages"))
+    if stages is not None:
+        out["pipeline stages"] = stages
+    sched = par.get("schedule", meta.get("schedule"))
+    if sched is not None:
+        out["schedule"] = str(sched).lower()
+    if par.get("virtual_stages") is not None:
+        out["chunks per rank"] = par["virtual_stages"]
+    micro = meta.get("microbatches")
+    if micro is None and all(isinstance(par.get(k), int) and par[k] > 0 for k in ("global_batch", "dp", "microbatch")):
+        micro = par["global_batch"] // (par["dp"] * par["microbatch"])
+    if micro is not None:
+        out["micro-batches per step"] = micro
+    spec = meta.get("model_spec")
+    if isinstance(spec, dict):
+        for k in ("layers", "hidden", "heads", "seq", "vocab"):
+            if spec.get(k) is not None:
+                out[f"model {k}"] = spec[k]
+    return out
+
+
+def check_same_run(meta: dict[str, Any], other: dict[str, Any], field: str, other_field: str) -> None:
+    """A ConfigError naming ``other_field`` if the two traces' metadata describe different runs
+    (another schedule, stage count, micro-batch count or model shape): their timelines would not
+    be comparable. Keys only one side states are not compared."""
+    a, b = run_shape(meta), run_shape(other)
+    for key, value in a.items():
+        if key in b and b[key] != value:
+            raise ConfigError(other_field, f"describes another run than {field}: {key} {b[key]!r} against "
+                              f"{value!r}", "trace the same model, schedule, stages and micro-batches on both sides")
+
+
 # ----- statistics ----------------------------------------------------------------------------------
 
 
@@ -280,11 +333,18 @@ class TimelineStats:
                 "bubble_fraction": self.bubble_fraction}
 
 
-def timeline_stats(events: Sequence[TraceEvent], *, microbatches: int, iterations: int) -> TimelineStats:
+def timeline_stats(
+    events: Sequence[TraceEvent], *, microbatches: int, iterations: int, field: str = "trace"
+) -> TimelineStats:
     """Iteration time, busy time per rank and bubble fraction (see the module docstring) of a
-    timeline covering ``iterations`` optimizer steps of ``microbatches`` micro-batches each."""
+    timeline covering ``iterations`` optimizer steps of ``microbatches`` micro-batches each.
+
+    Raises:
+        ConfigError: naming ``field``, if the timeline is empty or a rank's compute spans overlap
+            (more busy time than the iteration lasts: two ranks' events under one ``pid``).
+    """
     if not events:
-        raise ConfigError("trace", "has no events", _FIX)
+        raise ConfigError(field, "has no events", _FIX)
     by_rank: dict[int, list[TraceEvent]] = {e.rank: [] for e in events}
     for e in events:
         if e.stream == "compute" and e.category in COMPUTE_CATEGORIES:
@@ -295,6 +355,10 @@ def timeline_stats(events: Sequence[TraceEvent], *, microbatches: int, iteration
         end = max(e.start_s + e.duration_s for e in events)
         it = (end - t0) / iterations
         busy = [sum(e.duration_s for e in by_rank[r]) / iterations for r in ranks]
+        for r, b in zip(ranks, busy, strict=True):
+            if b > it * (1 + 1e-9):  # one compute stream runs one action at a time
+                raise ConfigError(field, f"rank {r} is busy {b:.4g} s in an iteration of {it:.4g} s: its compute "
+                                  "spans overlap", "give a trace with one process (pid) per pipeline rank")
     else:
         periods, busy = [], []
         for r in ranks:

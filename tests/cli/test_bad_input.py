@@ -14,11 +14,49 @@ from pathlib import Path
 import pytest
 
 from paratrain.cli import main
+from paratrain.spec.device_presets import DEVICE_PRESETS
 
 H = (
     "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
     "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
 )
+
+_SCHED = {"name": "1f1b", "stages": 2, "microbatches": 2, "placement": [[0, 1]], "actions": [
+    ["F0@c0", "SF0@c0>1", "F1@c0", "SF1@c0>1", "RB0@c0<1", "B0@c0", "RB1@c0<1", "B1@c0", "R@c0", "U"],
+    ["RF0@c1<0", "F0@c1", "B0@c1", "SB0@c1>0", "RF1@c1<0", "F1@c1", "B1@c1", "SB1@c1>0", "R@c1", "U"]]}
+
+
+def _sched(**changes: object) -> str:
+    """The 2-stage 1F1B schedule above as JSON, with ``changes`` applied; ``first=ACTION`` puts
+    an action before rank 0's list."""
+    doc = json.loads(json.dumps(_SCHED))
+    first = changes.pop("first", None)
+    if first is not None:
+        doc["actions"][0].insert(0, first)
+    doc.update(changes)
+    return json.dumps(doc)
+
+
+def _trace(source: str, schedule: str = "1f1b", pp: int = 2, mb: int = 4, merge_ranks: bool = False) -> str:
+    """A Chrome trace of ``schedule`` (uniform durations) whose metadata says ``source`` wrote it,
+    as paratrain train and simulate write theirs; ``merge_ranks`` puts every event under pid 0."""
+    from paratrain.schedule.registry import generate
+    from paratrain.sim import simulate
+    from paratrain.trace import chrome_trace
+
+    res = simulate(generate(schedule, stages=pp, microbatches=mb), forward=1e-3, backward=2e-3, record=True)
+    doc = chrome_trace(res.events)
+    if merge_ranks:
+        for ev in doc["traceEvents"]:
+            ev["pid"] = 0
+    doc["metadata"] = {"source": source, "schedule": schedule, "stages": pp, "microbatches": mb, "iterations": 1}
+    return json.dumps(doc)
+
+
+_MEASURED = "paratrain train (measured)"
+_PREDICTED = "paratrain simulate (predicted)"
+_RUN = {"parallel": {"dp": 1, "tp": 1, "pp": 2, "microbatch": 1, "global_batch": 8}, "model": "gpt3-1.3b",
+        "cluster": "dgx-a100"}
 
 # Spec and data files with one thing wrong each.
 _FILES = {
@@ -38,13 +76,50 @@ _FILES = {
     "clu_list.json": lambda d: "[1, 2]",
     "mod_nan.json": lambda d: '{"preset": "gpt2", "hidden": NaN}',
     "mod_list.json": lambda d: "[1, 2]",
+    "mod_ok.json": lambda d: '{"preset": "gpt3-1.3b"}',
     "mod_bad.yaml": lambda d: "layers: [1,\n",
     "nan.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,nan\n",
     "inf.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,inf\n",
     "inf_int.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,inf,100\n",
     "billion.csv": lambda d: H + "1000000000,1000000000,1,1024,16,24,1024,1,1000000000,1,100\n",
     "ok.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100\n",
+    "short_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4\n",
+    "long_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100,7\n",
+    "text_cell.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,fast\n",
+    "dup_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100\n" * 2,
     "file.txt": lambda d: "an existing plain file\n",
+    # schedules for `schedule show --file`
+    "sched_ok.json": lambda d: _sched(),
+    "sched_filler_nan.json": lambda d: _sched(first="X:wait/nan"),
+    "sched_filler_inf.json": lambda d: _sched(first="X:wait/inf"),
+    "sched_filler_negative.json": lambda d: _sched(first="X:wait/-5"),
+    "sched_iterations_zero.json": lambda d: _sched(iterations=0),
+    "sched_microbatches_null.json": lambda d: _sched(microbatches=None),
+    "sched_microbatches_negative.json": lambda d: _sched(microbatches=-2),
+    "sched_versions_text.json": lambda d: _sched(weight_versions="x"),
+    "sched_stages_float.json": lambda d: _sched(stages=2.5),
+    "sched_stages_text.json": lambda d: _sched(stages="2"),
+    "sched_placement_float.json": lambda d: _sched(placement=[[0.0, 1.0]]),
+    "sched_insert_text.json": lambda d: _sched(insert_p2p="no"),
+    "sched_deadlock.json": lambda d: _sched(actions=[
+        ["F0@c0", "RB0@c0<1", "B0@c0", "SF0@c0>1", "F1@c0", "SF1@c0>1", "RB1@c0<1", "B1@c0", "R@c0", "U"],
+        _SCHED["actions"][1]]),
+    # run documents for `simulate --config`
+    "run_ok.json": lambda d: json.dumps({"config": _RUN}),
+    "run_extra_key.json": lambda d: json.dumps({"config": {**_RUN, "schedule": "1f1b"}}),
+    "run_config_list.json": lambda d: json.dumps({"config": [1]}),
+    "run_cluster_no_device.json": lambda d: json.dumps({"config": {**_RUN, "cluster": {
+        "name": "c", "nodes": 1, "devices_per_node": 8, "intra_link": {"bandwidth_Bps": 1e11, "latency_s": 1e-6},
+        "inter_link": {"bandwidth_Bps": 1e10, "latency_s": 1e-6}}}}),
+    "dev_no_peak.json": lambda d: json.dumps({"name": "x"}),
+    # traces for `compare` and `calibrate --from-trace`
+    "measured.json": lambda d: _trace(_MEASURED),
+    "measured_gpipe.json": lambda d: _trace(_MEASURED, "gpipe"),
+    "measured_merged.json": lambda d: _trace(_MEASURED, merge_ranks=True),
+    "predicted.json": lambda d: _trace(_PREDICTED),
+    "predicted_pp4.json": lambda d: _trace(_PREDICTED, pp=4),
+    "calibration.json": lambda d: json.dumps(DEVICE_PRESETS["cpu"].to_dict()),
+    "calibration_preset.json": lambda d: json.dumps({"preset": "cpu"}),
 }
 
 M = ["--model", "gpt3-1.3b"]
@@ -91,6 +166,9 @@ CASES = [
     ("simulate-batch-huge", [*SIM[:-2], "--global-batch", "1000000000"], "limit"),
     ("simulate-samples-huge", [*SIM, "--duration-cv", "0.1", "--samples", "1000000000"], "--samples"),
     ("simulate-cv-nan", [*SIM, "--duration-cv", "nan"], "--duration-cv"),
+    ("simulate-samples-too-much-work", ["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "16",
+                                       "--global-batch", "16384", "--microbatch", "1", "--duration-cv", "0.1"],
+     "--samples 5 or fewer"),
     ("simulate-hidden-huge", [*SIM, "--hidden", BIG], "hidden"),
     ("simulate-pp-huge", ["simulate", *M, "--pp", "1000000000"], "limit"),
     ("simulate-plot-directory", [*SIM, "--plot", "{tmp}"], "--plot"),
@@ -150,6 +228,85 @@ CASES = [
     ("demo-gpus-odd", ["demo", "--gpus", "12", "--out", "{tmp}/demo"], "--gpus"),
     ("demo-batch-negative", ["demo", "--global-batch", "-1", "--out", "{tmp}/demo"], "--global-batch"),
     ("demo-model-unknown", ["demo", "--model", "nope", "--out", "{tmp}/demo"], "--model"),
+    # schedule show --file: wrong types, impossible counts, a deadlock
+    ("sched-filler-nan", ["schedule", "show", "-f", "{tmp}/sched_filler_nan.json"], "filler duration"),
+    ("sched-filler-inf", ["schedule", "show", "-f", "{tmp}/sched_filler_inf.json"], "filler duration"),
+    ("sched-filler-negative", ["schedule", "show", "-f", "{tmp}/sched_filler_negative.json"], "filler duration"),
+    ("sched-iterations-zero", ["schedule", "show", "-f", "{tmp}/sched_iterations_zero.json"], "--file.iterations"),
+    ("sched-microbatches-null", ["schedule", "show", "-f", "{tmp}/sched_microbatches_null.json"],
+     "--file.microbatches"),
+    ("sched-microbatches-negative", ["schedule", "show", "-f", "{tmp}/sched_microbatches_negative.json"],
+     "--file.microbatches"),
+    ("sched-versions-text", ["schedule", "show", "-f", "{tmp}/sched_versions_text.json"], "--file.weight_versions"),
+    ("sched-stages-float", ["schedule", "show", "-f", "{tmp}/sched_stages_float.json"], "--file.stages"),
+    ("sched-stages-text", ["schedule", "show", "-f", "{tmp}/sched_stages_text.json"], "--file.stages"),
+    ("sched-placement-float", ["schedule", "show", "-f", "{tmp}/sched_placement_float.json"], "--file.placement"),
+    ("sched-insert-p2p-text", ["schedule", "show", "-f", "{tmp}/sched_insert_text.json"], "--file.insert_p2p"),
+    ("sched-deadlock", ["schedule", "show", "-f", "{tmp}/sched_deadlock.json"], "deadlock"),
+    ("sched-save-over-file", ["schedule", "show", "-f", "{tmp}/sched_ok.json", "--save", "{tmp}/sched_ok.json"],
+     "--file input"),
+    ("sched-plot-over-file", ["schedule", "show", "-f", "{tmp}/sched_ok.json", "--plot", "{tmp}/sched_ok.json"],
+     "--file input"),
+    ("sched-plot-trace-same", ["schedule", "show", "-s", "1f1b", "--plot", "{tmp}/x", "--trace", "{tmp}/x"],
+     "--plot file"),
+    ("sched-file-with-stages", ["schedule", "show", "-f", "{tmp}/sched_ok.json", "--stages", "8"], "--stages"),
+    ("sched-save-name-too-long", ["schedule", "show", "-s", "1f1b", "--save", "{tmp}/" + "a" * 300 + ".json"],
+     "more than 255"),
+    ("sched-save-folder-name-too-long", ["schedule", "show", "-s", "1f1b", "--save",
+                                         "{tmp}/new/" + "b" * 300 + "/x.json"], "more than 255"),
+    ("sched-forward-inf", ["schedule", "show", "-s", "1f1b", "--forward-time", "inf"], "--forward-time"),
+    ("sched-unknown", ["schedule", "show", "-s", "bogus"], "--schedule"),
+    ("sched-iterations-flag-zero", ["schedule", "show", "-s", "pipedream", "--iterations", "0"], "--iterations"),
+    # simulate: outputs on one path or on an input; run documents malformed or of another kind
+    ("simulate-trace-plot-same", [*SIM, "--trace", "{tmp}/x", "--plot", "{tmp}/x"], "--trace file"),
+    ("simulate-trace-over-config", ["simulate", "--config", "{tmp}/run_ok.json", "--trace", "{tmp}/run_ok.json"],
+     "--config input"),
+    ("simulate-config-extra-key", ["simulate", "--config", "{tmp}/run_extra_key.json"], "'schedule'"),
+    ("simulate-config-not-mapping", ["simulate", "--config", "{tmp}/run_config_list.json"], "must be a mapping"),
+    ("simulate-config-is-schedule", ["simulate", "--config", "{tmp}/sched_ok.json"], "looks like a pipeline schedule"),
+    ("simulate-config-is-trace", ["simulate", "--config", "{tmp}/measured.json"], "looks like a Chrome trace"),
+    ("simulate-config-no-device", ["simulate", "--config", "{tmp}/run_cluster_no_device.json"],
+     "'device': is required"),
+    ("cost-model-is-trace", ["cost", "--model", "{tmp}/measured.json"], "looks like a Chrome trace"),
+    ("cost-device-no-peak", ["cost", *M, "--device", "{tmp}/dev_no_peak.json"], "is required"),
+    # plan: contradicting pins, limits past the device, outputs over inputs
+    ("plan-pins-product", [*PLAN, "--tp", "2", "--pp", "2", "--dp", "4"], "= 16"),
+    ("plan-pins-product-two", [*PLAN, "--tp", "4", "--pp", "4"], "= 16"),
+    ("plan-schedule-not-in-schedules", [*PLAN, "--schedule", "1f1b", "--schedules", "gpipe"], "--schedule"),
+    ("plan-memory-limit-above-device", [*PLAN, "--memory-limit", "81"], "--memory-limit"),
+    ("plan-output-over-model", [*PLAN[:1], "--model", "{tmp}/mod_ok.json", *PLAN[3:], "-o", "{tmp}/mod_ok.json"],
+     "--model input"),
+    ("sweep-plot-table-same", [*SWEEP, "--plot", "{tmp}/x", "--table", "{tmp}/x"], "--plot file"),
+    ("plan-plot-without-sweep", [*PLAN, "--plot", "{tmp}/x.png"], "--plot"),
+    ("plan-table-without-sweep", [*PLAN, "--table", "{tmp}/x.csv"], "--table"),
+    ("sweep-output", [*SWEEP, "-o", "{tmp}/run.json"], "--output"),
+    ("sweep-advise-shape", [*SWEEP, "--advise-shape"], "--advise-shape"),
+    ("plan-microbatches-over-limit", ["plan", *M, "--gpus", "1", "--global-batch", str(2**24), "--no-simulate"],
+     "limit of 16,384"),
+    # validate: rows that do not fit the header, text, duplicates, the plot over the data
+    ("validate-short-row", ["validate", "{tmp}/short_row.csv"], "has 9 fields"),
+    ("validate-long-row", ["validate", "{tmp}/long_row.csv"], "has 12 fields"),
+    ("validate-text-cell", ["validate", "{tmp}/text_cell.csv"], "time_ms is 'fast'"),
+    ("validate-duplicate-row", ["validate", "{tmp}/dup_row.csv"], "repeats line 2"),
+    ("validate-plot-over-data", ["validate", "{tmp}/ok.csv", "--plot", "{tmp}/ok.csv"], "DATA input"),
+    # compare: the roles swapped, traces of different runs, ranks merged, the plot over an input
+    ("compare-measured-is-simulated", ["compare", "{tmp}/predicted.json", "{tmp}/predicted.json"],
+     "MEASURED: "),
+    ("compare-simulated-is-measured", ["compare", "{tmp}/measured.json", "{tmp}/measured.json"], "SIMULATED: "),
+    ("compare-other-schedule", ["compare", "{tmp}/measured_gpipe.json", "{tmp}/predicted.json"], "schedule"),
+    ("compare-other-stages", ["compare", "{tmp}/measured.json", "{tmp}/predicted_pp4.json"], "pipeline stages"),
+    ("compare-ranks-merged", ["compare", "{tmp}/measured_merged.json", "{tmp}/predicted.json"], "overlap"),
+    ("compare-plot-over-input", ["compare", "{tmp}/measured.json", "{tmp}/predicted.json", "--plot",
+                                 "{tmp}/measured.json"], "MEASURED input"),
+    # calibrate --from-trace
+    ("calibrate-simulated-trace", ["calibrate", "--from-trace", "{tmp}/predicted.json", "--out",
+                                   "{tmp}/calibration.json"], "simulated trace"),
+    ("calibrate-out-over-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--out",
+                                  "{tmp}/measured.json"], "--from-trace input"),
+    ("calibrate-preset-as-calibration", ["calibrate", "--from-trace", "{tmp}/measured.json", "--out",
+                                         "{tmp}/calibration_preset.json"], "not a preset"),
+    ("calibrate-threads-with-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--threads", "2"],
+     "--threads"),
 ]
 
 
@@ -203,3 +360,84 @@ def test_damaged_calibration_cache_falls_back(capsys, tmp_path, monkeypatch, con
     from paratrain.spec.device_presets import DEVICE_PRESETS
 
     assert resolve_cluster("cpu").device == DEVICE_PRESETS["cpu"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "{tmp}/measured.json", "{tmp}/predicted.json", "--json"],
+    ["schedule", "show", "-f", "{tmp}/sched_ok.json", "--json"],
+    ["simulate", "--config", "{tmp}/run_ok.json", "--json"],
+])
+def test_well_formed_inputs_still_pass(capsys, scratch, argv):
+    """The checks above reject only what is wrong: the same inputs done right run."""
+    argv = [a.replace("{tmp}", str(scratch)) for a in argv]
+    code, out, err, _ = _run(capsys, argv)
+    assert code == 0, err
+    json.loads(out)
+
+
+def test_plan_drops_microbatch_sizes_past_the_limit(capsys):
+    """A global batch so large that micro-batches of one sample would exceed MAX_MICROBATCHES per
+    pipeline: the planner keeps the larger micro-batch sizes instead of failing."""
+    from paratrain.parallel.config import MAX_MICROBATCHES
+    from paratrain.plan.backend import default_backend
+    from paratrain.plan.search import plan
+    from paratrain.spec.cluster import resolve_cluster
+    from paratrain.spec.model import resolve_model
+
+    batch = 2**20
+    res = plan(resolve_model("gpt3-1.3b"), resolve_cluster("dgx-a100", gpus=8), batch,
+               backend=default_backend(simulate=False), top=50)
+    assert res.rejected.get("too_many_microbatches", 0) > 0
+    assert all(c.config.num_microbatches <= MAX_MICROBATCHES for c in res.ranked)
+    code, out, err, _ = _run(capsys, ["plan", *M, "--gpus", "8", "--global-batch", str(batch), "--no-simulate",
+                                      "--json"])
+    assert code == 0, err
+    win = json.loads(out)["config"]["parallel"]
+    assert batch // (win["dp"] * win["microbatch"]) <= MAX_MICROBATCHES
+
+
+def test_plan_library_default_is_usable_memory(capsys):
+    """Without a memory limit the library plans against the device's usable memory (after its
+    reserve and fragmentation), as the CLI does, and the report says which figure it used."""
+    from paratrain.plan.backend import default_backend
+    from paratrain.plan.report import winner_breakdown
+    from paratrain.plan.search import plan
+    from paratrain.spec.cluster import resolve_cluster
+    from paratrain.spec.model import resolve_model
+
+    model, cluster = resolve_model("gpt3-1.3b"), resolve_cluster("dgx-a100", gpus=8)
+    dev = cluster.device
+    assert dev.usable_memory_bytes < dev.memory_bytes
+    res = plan(model, cluster, 64, backend=default_backend(simulate=False))
+    assert res.capacity_bytes == dev.usable_memory_bytes
+    assert all(c.metrics.peak_memory_bytes <= dev.usable_memory_bytes for c in res.ranked)
+    line = dict(winner_breakdown(model, cluster, res.winner, res.capacity_bytes))["peak memory per GPU"]
+    assert f"of {dev.usable_memory_bytes / 2**30:.1f} GiB usable ({dev.memory_bytes / 2**30:.0f} GiB device)" in line
+    code, out, err, _ = _run(capsys, ["plan", *M, "--gpus", "8", "--global-batch", "64", "--no-simulate"])
+    assert code == 0, err
+    assert f"GiB of {dev.usable_memory_bytes / 2**30:.1f} GiB usable (80 GiB device)" in out
+
+
+def test_longest_legal_file_name_is_written(capsys, tmp_path):
+    """A 255-byte name is legal; the temporary file beside it must be too."""
+    target = tmp_path / ("c" * 250 + ".json")
+    code, _, err, _ = _run(capsys, ["schedule", "show", "-s", "1f1b", "--save", str(target)])
+    assert code == 0, err
+    assert json.loads(target.read_text())["name"] == "1f1b"
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_simulate_says_when_a_layout_does_not_fit(capsys):
+    """Simulating a layout whose peak exceeds the device's usable memory is allowed (a what-if),
+    but the report says it does not fit instead of printing the peak alone."""
+    big = ["simulate", "--model", "gpt3-175b", "--gpus", "8", "--pp", "2", "--global-batch", "8"]
+    code, out, err, _ = _run(capsys, [*big, "--json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["peak_memory_bytes"] > doc["usable_memory_bytes"] and doc["fits_in_memory"] is False
+    code, out, err, _ = _run(capsys, big)
+    assert code == 0, err
+    assert "does not fit" in out
+    code, out, err, _ = _run(capsys, [*SIM, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["fits_in_memory"] is True

@@ -25,9 +25,10 @@ import typer
 
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_text, check_output_path
+from paratrain.fileio import atomic_write_text, check_distinct_paths, check_output_path
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path
-from paratrain.spec.device import DeviceSpec, cpu_calibration_path
+from paratrain.spec.device import cpu_calibration_path
+from paratrain.spec.device import from_document as device_from_document
 
 if TYPE_CHECKING:
     from paratrain.runtime.calibrate import Progress
@@ -76,7 +77,10 @@ def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
         raise ConfigError("--from-trace", f"there is no calibration at {str(target)!r} to update",
                           "run `paratrain calibrate` first (with the same --out, if any)")
     try:
-        device = DeviceSpec(**json.loads(target.read_text()))
+        doc = json.loads(target.read_text())
+        if isinstance(doc, dict) and "preset" in doc:
+            raise ConfigError("preset", "a calibration holds measured figures, not a preset")
+        device = device_from_document(doc, "calibration")
     except (ValueError, TypeError, ConfigError) as e:
         raise ConfigError("--from-trace", f"the calibration at {str(target)!r} cannot be read ({e})",
                           "run `paratrain calibrate` again to rewrite it") from None
@@ -111,7 +115,10 @@ def calibrate(
 ) -> None:
     target = out if out is not None else cpu_calibration_path()
     if from_trace:
+        if threads is not None:
+            raise ConfigError("--threads", "measures nothing with --from-trace", "drop --threads or --from-trace")
         check_output_path(target, "--out")
+        check_distinct_paths({"--out": target}, {"--from-trace": from_trace})
         _fit_from_traces(target, from_trace, json_out)
         return
     links = target.parent / cpu_cluster_calibration_path().name

@@ -27,17 +27,19 @@ import typer
 
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_writer, check_output_path
+from paratrain.fileio import atomic_writer, check_distinct_paths, check_output_path
 from paratrain.sim.limits import check_plot_size
 from paratrain.trace import (
     TimelineStats,
     TraceEvent,
+    check_same_run,
     duration_variation,
     read_trace,
     run_variation,
     select_step,
     shift_to_zero,
     timeline_stats,
+    trace_origin,
 )
 
 # The statistics live in paratrain.trace; these names stay importable from here.
@@ -67,8 +69,16 @@ def compare(
 ) -> None:
     if plot is not None:
         check_output_path(plot, "--plot")
+        check_distinct_paths({"--plot": plot}, {"MEASURED": measured, "SIMULATED": simulated})
     m_events, meta = read_trace(measured, "MEASURED")
-    s_events, _ = read_trace(simulated, "SIMULATED")
+    s_events, s_meta = read_trace(simulated, "SIMULATED")
+    if trace_origin(meta) == "predicted":
+        raise ConfigError("MEASURED", f"{measured} is a simulated trace ({meta['source']})",
+                          "give the measured trace (paratrain train --trace) first, the simulated one second")
+    if trace_origin(s_meta) == "measured":
+        raise ConfigError("SIMULATED", f"{simulated} is a measured trace ({s_meta['source']})",
+                          "give the simulated trace (paratrain simulate --trace) second")
+    check_same_run(meta, s_meta, "MEASURED", f"SIMULATED ({simulated})")
     mb = _meta_int(meta, "microbatches", measured) if microbatches is None else microbatches
     m_its = _meta_int(meta, "iterations", measured) if iterations is None else iterations
     is_async = m_its > 1
@@ -84,8 +94,8 @@ def compare(
     if plot is not None:
         for what, evs in (("MEASURED", m_events), ("SIMULATED", s_events)):
             check_plot_size(evs, what)
-    ms = timeline_stats(m_events, microbatches=mb, iterations=m_its)
-    ss = timeline_stats(s_events, microbatches=mb, iterations=s_its)
+    ms = timeline_stats(m_events, microbatches=mb, iterations=m_its, field="MEASURED")
+    ss = timeline_stats(s_events, microbatches=mb, iterations=s_its, field="SIMULATED")
     ranks = max(len(ms.busy_s_by_rank), len(ss.busy_s_by_rank))
     err = (ss.iteration_time_s - ms.iteration_time_s) / ms.iteration_time_s if ms.iteration_time_s > 0 else None
     out = {"measured": ms.to_dict(), "simulated": ss.to_dict(), "step": chosen,

@@ -74,6 +74,8 @@ def register(app: typer.Typer) -> None:
 def _schedules(text: str | None) -> tuple[ScheduleName, ...] | None:
     if text is None:
         return None
+    if text.strip().lower() == "all":
+        return tuple(ScheduleName)
     out = []
     for name in text.split(","):
         try:
@@ -171,7 +173,7 @@ def print_winner(console: Console, model: ModelSpec, cluster: ClusterSpec, resul
     from paratrain.plan.report import winner_breakdown
 
     console.print("[bold]Winner[/bold]")
-    for k, v in winner_breakdown(model, cluster, result.winner):
+    for k, v in winner_breakdown(model, cluster, result.winner, result.capacity_bytes):
         console.print(f"  {k:<28} {v}")
 
 
@@ -202,7 +204,7 @@ def plan_command(
     partition: PartitionOpt = None,
     schedules: Annotated[
         str | None,
-        typer.Option("--schedules", help="Schedules to search (default: synchronous ones).", rich_help_panel=_S),
+        typer.Option("--schedules", help="Schedules to search, or all (default: the synchronous).", rich_help_panel=_S),
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows in the ranking.", rich_help_panel=_S)] = 10,
     confirm: Annotated[
@@ -213,7 +215,7 @@ def plan_command(
     ] = True,
     memory_limit_gib: Annotated[
         float | None,
-        typer.Option("--memory-limit", help="Usable GiB per GPU (default: device memory).", rich_help_panel=_S),
+        typer.Option("--memory-limit", help="Usable GiB per GPU (default: the device's).", rich_help_panel=_S),
     ] = None,
     tp_across_nodes: Annotated[
         bool, typer.Option("--tp-across-nodes", help="Allow tp larger than a node.", rich_help_panel=_S)
@@ -245,10 +247,32 @@ def plan_command(
         from paratrain.errors import require_positive
 
         require_positive("--memory-limit", memory_limit_gib)  # NaN and inf included
+        device_gib = clus.device.memory_bytes / 2**30
+        if memory_limit_gib > device_gib:
+            raise ConfigError("--memory-limit", f"{memory_limit_gib:g} GiB is more than the device's {device_gib:g} GiB"
+                              f" ({clus.device.name})", "give at most the device's memory (--device for another one)")
+    if schedule is not None and schedules is not None:
+        chosen = _enum(ScheduleName, "--schedule", schedule)
+        if chosen not in _schedules(schedules):
+            raise ConfigError("--schedule", f"pins {chosen.value}, which --schedules {schedules!r} leaves out",
+                              "drop one of the two flags")
+    # Flags the chosen mode would ignore are errors: exit 0 without a requested file misleads.
+    if sweep is None:
+        for flag, value in (("--plot", plot), ("--table", table_out)):
+            if value is not None:
+                raise ConfigError(flag, "is written only by a sweep", f"add --sweep VARIABLE=V1,V2 or drop {flag}")
+    else:
+        for flag, given in (("--output", output is not None), ("--advise-shape", advise_shape)):
+            if given:
+                raise ConfigError(flag, "has no single winner to use in a sweep", f"drop {flag} or --sweep")
     if output is not None:
         from paratrain.fileio import check_output_path
 
         check_output_path(output, "--output")
+    from paratrain.fileio import check_distinct_paths
+
+    check_distinct_paths({"--output": output, "--plot": plot, "--table": table_out},
+                         {"--model": model, "--cluster": cluster, "--device": device})
     pins = Pins(
         dp=dp,
         tp=tp,

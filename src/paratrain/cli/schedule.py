@@ -35,8 +35,10 @@ def show(
         str | None,
         typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved, chimera, pipedream, 2bw or zb-h1."),
     ] = None,
-    stages: Annotated[int, typer.Option("--stages", "-p", help="Pipeline ranks.")] = 4,
-    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per iteration.")] = 8,
+    stages: Annotated[int | None, typer.Option("--stages", "-p", help="Pipeline ranks (default 4).")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option("--microbatches", "-m", help="Micro-batches per iteration (default 8).")
+    ] = None,
     virtual_stages: Annotated[
         int | None, typer.Option("--virtual-stages", "-v", help="Chunks per rank (interleaved; default 2).")
     ] = None,
@@ -54,7 +56,7 @@ def show(
     actions: Annotated[bool, typer.Option("--actions", help="Also print every rank's action list.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from paratrain.fileio import atomic_write_text, atomic_writer, check_output_path
+    from paratrain.fileio import atomic_write_text, atomic_writer, check_distinct_paths, check_output_path
     from paratrain.schedule import Schedule, generate, validate
     from paratrain.schedule.pipedream import DEFAULT_ASYNC_ITERATIONS
     from paratrain.sim import simulate
@@ -65,9 +67,16 @@ def show(
     for flag, path in (("--plot", plot), ("--trace", trace), ("--save", save)):
         if path is not None:
             check_output_path(path, flag)
+    check_distinct_paths({"--plot": plot, "--trace": trace, "--save": save}, {"--file": file})
     if file is not None:
         if schedule is not None:
             raise ConfigError("--file", "give either --file or --schedule, not both", "drop one of them")
+        shape = {"--stages": stages, "--microbatches": microbatches, "--virtual-stages": virtual_stages,
+                 "--iterations": iterations}
+        for flag, value in shape.items():
+            if value is not None:  # the file fixes the shape; a flag would be silently ignored
+                raise ConfigError(flag, "sizes a generated schedule; the --file schedule has its own",
+                                  f"drop {flag}, or generate with --schedule")
         from paratrain.spec._files import load_document
 
         doc = load_document(file, "--file")
@@ -78,6 +87,8 @@ def show(
     else:
         if schedule is None:
             raise ConfigError("--schedule", "no schedule given", "pass --schedule NAME or --file FILE")
+        stages = 4 if stages is None else stages
+        microbatches = 8 if microbatches is None else microbatches
         v = virtual_stages if virtual_stages is not None else (2 if schedule.lower() == "interleaved" else 1)
         its = iterations if iterations is not None else (
             DEFAULT_ASYNC_ITERATIONS if schedule.lower() in ("pipedream", "2bw") else 1
@@ -89,7 +100,8 @@ def show(
                 schedule, stages=stages, microbatches=microbatches, virtual_stages=v, iterations=iterations
             )
         except ConfigError as e:
-            flag = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages"}
+            flag = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages",
+                    "iterations": "--iterations", "schedule": "--schedule"}
             raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
     if plot is not None:  # one box per compute action
         check_plot_size([a for row in sched.actions for a in row if a.is_compute], "--plot")

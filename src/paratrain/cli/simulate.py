@@ -138,7 +138,7 @@ def simulate(
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from paratrain.fileio import check_output_path
+    from paratrain.fileio import check_distinct_paths, check_output_path
     from paratrain.parallel.config import load_run_document
     from paratrain.sim import simulate_config
     from paratrain.sim.trace import plot_timeline
@@ -146,6 +146,8 @@ def simulate(
     for flag, path in (("--trace", trace), ("--plot", plot)):
         if path is not None:
             check_output_path(path, flag)  # before any work: a typo costs seconds
+    check_distinct_paths({"--trace": trace, "--plot": plot},
+                         {"--config": config, "--model": model, "--cluster": cluster, "--device": device})
     doc: dict[str, Any] = load_run_document(config) if config is not None else {}
     overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
     spec = _resolve_model(model, doc, overrides)
@@ -199,6 +201,15 @@ def simulate(
     # so past a thousand draws more buys nothing but time.
     if samples is not None and not 1 <= samples <= 1024:
         raise ConfigError("--samples", f"must be in 1..1,024, got {samples:,}", "give e.g. 32")
+    cv = clus.device.duration_cv if duration_cv is None else duration_cv
+    if cv > 0 and samples != 0:
+        from paratrain.sim.limits import check_sample_size
+        from paratrain.sim.variability import DEFAULT_SAMPLES
+
+        # about six actions per (rank, micro-batch, chunk); asynchronous schedules cover four steps
+        steps = 4 if cfg.schedule.is_async else 1
+        actions = 6 * cfg.pp * cfg.num_microbatches * cfg.virtual_stages * steps
+        check_sample_size(actions, DEFAULT_SAMPLES if samples is None else samples, "--samples")
     res = simulate_config(
         spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log),
         duration_cv=duration_cv, samples=samples,
@@ -237,6 +248,9 @@ def simulate(
         "config": cfg.to_dict(),
         **out,
         "microbatches_per_pipeline": cfg.num_microbatches,
+        # a what-if may not fit: say so instead of printing a peak no device has
+        "usable_memory_bytes": clus.device.usable_memory_bytes,
+        "fits_in_memory": res.peak_memory_bytes <= clus.device.usable_memory_bytes,
     }
     if json_out:
         print_json(out)
@@ -277,6 +291,9 @@ def _print(out: dict[str, Any], res: Any) -> None:
         _gib(out["peak_memory_bytes"]),
     )
     con.print(t)
+    if not out["fits_in_memory"]:
+        con.print(f"does not fit: peak memory {_gib(out['peak_memory_bytes'])} per GPU, "
+                  f"{_gib(out['usable_memory_bytes'])} usable (paratrain plan finds a layout that fits)")
     if out["samples"]:
         con.print(
             f"action durations vary (std / mean {out['duration_cv']:.3f}): iteration, busy, idle and bubble are means "

@@ -133,7 +133,7 @@ def train(
         raise ConfigError("--nproc", f"must be at least 1, got {nproc}",
                           f"use --nproc {pcfg.world_size} (dp*tp*pp) or leave it out under torchrun")
     require_finite("--bucket-mb", bucket_mb)
-    from paratrain.runtime.train import TrainConfig
+    from paratrain.runtime.config import TrainConfig
 
     tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
                        data=data, dp_impl=impl, bucket_bytes=int(bucket_mb * 2**20), metrics=metrics, trace=trace,

@@ -211,9 +211,10 @@ def validate_command(
             "--calibration", f"unknown calibration {calibration!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
         )
     if plot is not None:
-        from paratrain.fileio import check_output_path
+        from paratrain.fileio import check_distinct_paths, check_output_path
 
         check_output_path(plot, "--plot")
+        check_distinct_paths({"--plot": plot}, {"DATA": data, "--cluster": cluster})
     if lut is not None and not fit_params:
         raise ConfigError("--lut", "is used only with --fit", "add --fit or drop --lut")
     if plot is not None and fit_params:

@@ -151,7 +151,7 @@ def group_layout(ranks: tuple[int, ...], cluster: ClusterSpec) -> GroupLayout:
     if bad:
         raise ConfigError(
             "ranks", f"rank {bad[0]} is outside the cluster's {cluster.num_devices} devices",
-            "use a larger cluster (--nodes/--gpus) or fewer ranks",
+            "use a larger cluster (more GPUs or nodes) or fewer ranks",
         )
     per_node = Counter(cluster.node_of(r) for r in ranks)
     nodes = sorted(per_node)

@@ -259,7 +259,7 @@ def chunk_costs(
     if ranks[-1] >= cluster.num_devices:
         raise ConfigError(
             "tp", f"the tensor-parallel group {list(ranks)} does not fit the cluster's {cluster.num_devices} devices",
-            "use a larger cluster (--nodes/--gpus) or a smaller tp",
+            "use a larger cluster (more GPUs or nodes) or a smaller tp",
         )
     bd = _bundle(model, cluster, config.dtype, config.tp, config.sequence_parallel, config.microbatch,
                  config.recompute, fused, ranks)

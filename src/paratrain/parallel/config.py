@@ -279,14 +279,9 @@ class ParallelConfig:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], field: str = "--config") -> ParallelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(doc) - known)
-        if unknown:
-            raise ConfigError(
-                f"{field} key {unknown[0]!r}",
-                "is not a parallel-config field",
-                f"use keys among: {', '.join(sorted(known))}",
-            )
+        from paratrain.spec._files import check_keys
+
+        check_keys(doc, cls, field, "parallel-config", expected_kind="a parallel config", required=False)
         try:
             return cls(**doc)
         except TypeError as e:
@@ -306,7 +301,10 @@ def load_run_document(path: str | Path, field: str = "--config") -> dict[str, An
     from paratrain.spec._files import load_document
 
     doc = load_document(path, field)
-    if "config" in doc and isinstance(doc["config"], dict):
+    if "config" in doc:  # what plan -o and plan --json write; their other keys are the report
+        if not isinstance(doc["config"], dict):
+            raise ConfigError(f"{field} config", f"must be a mapping, got {doc['config']!r}",
+                              "give {parallel: ..., model: ..., cluster: ...} as paratrain plan -o writes it")
         doc = doc["config"]
     for key in ("model", "cluster"):
         if key in doc and not isinstance(doc[key], (str, dict)):
@@ -316,6 +314,10 @@ def load_run_document(path: str | Path, field: str = "--config") -> dict[str, An
     if "parallel" in doc:
         if not isinstance(doc["parallel"], dict):
             raise ConfigError(f"{field} parallel", f"must be a mapping, got {doc['parallel']!r}", "e.g. {dp: 2, tp: 4}")
+        unknown = sorted(set(doc) - {"parallel", "model", "cluster"})
+        if unknown:
+            raise ConfigError(f"{field} key {unknown[0]!r}", "is not a run-document field",
+                              "use keys among: cluster, model, parallel")
         out = {k: v for k, v in doc.items() if k != "parallel"}
         out["parallel"] = ParallelConfig.from_dict(doc["parallel"], field)
         return out

@@ -129,9 +129,13 @@ def _runs(values: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Candidate) -> list[tuple[str, str]]:
-    """(label, value) lines describing the winning configuration and where its time goes."""
+def winner_breakdown(
+    model: ModelSpec, cluster: ClusterSpec, cand: Candidate, capacity_bytes: float | None = None
+) -> list[tuple[str, str]]:
+    """(label, value) lines describing the winning configuration and where its time goes;
+    ``capacity_bytes`` is the memory the search allowed (default: the device's usable memory)."""
     cfg, est, m = cand.config, cand.estimate, cand.metrics
+    usable = cluster.device.usable_memory_bytes if capacity_bytes is None else capacity_bytes
     parts = cfg.layers_per_chunk(model.layers)
     sched = cfg.schedule.value + (f", {cfg.virtual_stages} chunks per rank" if cfg.virtual_stages > 1 else "")
     lines = [
@@ -157,7 +161,8 @@ def winner_breakdown(model: ModelSpec, cluster: ClusterSpec, cand: Candidate) ->
         ("exposed communication", f"{m.exposed_comm_s:.3f} s (tensor-parallel, pipeline transfers, gradient reduce)"),
         (
             "peak memory per GPU",
-            f"{m.peak_memory_bytes / 2**30:.1f} GiB of {cluster.device.memory_bytes / 2**30:.0f} GiB",
+            f"{m.peak_memory_bytes / 2**30:.1f} GiB of {usable / 2**30:.1f} GiB usable"
+            f" ({cluster.device.memory_bytes / 2**30:.0f} GiB device)",
         ),
     ]
     sim = cand.simulated

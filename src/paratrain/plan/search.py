@@ -13,6 +13,7 @@ depend on, so the schedule and mesh-order variants of one layout share them.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from paratrain.cost.throughput import throughput
 from paratrain.cost.types import ChunkCost
-from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
+from paratrain.errors import ConfigError, require_at_most
+from paratrain.parallel.config import MAX_GLOBAL_BATCH, MAX_MICROBATCHES, ParallelConfig, Recompute, ScheduleName
 from paratrain.plan.analytic import (
     Estimate,
     RankStats,
@@ -315,13 +316,15 @@ def plan(
     backend = replace(backend or default_backend(), cache=PlanCache())
     if not isinstance(global_batch, int) or global_batch <= 0:
         raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}", "e.g. 512")
+    require_at_most("global_batch", global_batch, MAX_GLOBAL_BATCH, "samples per iteration")
     if pins.partition is not None and sum(pins.partition) != model.layers:
         raise ConfigError(
             "partition",
             f"sums to {sum(pins.partition)} layers, {model.name} has {model.layers}",
             "give layer counts that add up to the model's layers",
         )
-    capacity = float(memory_limit_bytes or cluster.device.memory_bytes)
+    # Default: what the device leaves to tensors after its context, buffers and fragmentation.
+    capacity = float(memory_limit_bytes or cluster.device.usable_memory_bytes)
     flops = backend.model_flops(model, global_batch)
     rejected = Rejections()
     grid: list[tuple[list[int], list[ParallelConfig]]] = []
@@ -460,6 +463,19 @@ def _no_layout(model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: 
             + (f" with micro-batch {pins.microbatch}" if pins.microbatch else ""),
             "use a global batch with more factors of two (e.g. a multiple of the GPU count)",
         )
+    pinned = [(n, getattr(pins, n)) for n in ("dp", "tp", "pp") if getattr(pins, n) is not None]
+    product = math.prod(v for _, v in pinned)
+    if (len(pinned) == 3 and product != world) or world % product:
+        shown = "*".join(f"{n}({v})" for n, v in pinned)
+        raise ConfigError(pinned[-1][0], f"{shown} = {product} does not fit {world} GPUs",
+                          f"pin degrees whose product divides {world} (all three: equals it)")
+    if set(counts) == {"too_many_microbatches"}:
+        raise ConfigError(
+            "global_batch",
+            f"every split of the global batch {global_batch:,} on {world} GPUs gives more micro-batches per"
+            f" pipeline than the limit of {MAX_MICROBATCHES:,}",
+            "use more GPUs, a smaller global batch or a larger micro-batch",
+        )
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "the pins exclude every layout"
     raise ConfigError(
         "cluster.gpus",
@@ -483,7 +499,8 @@ def _nothing_fits(
         raise ConfigError(
             "cluster.gpus",
             f"{model.name} fits no configuration on {cluster.num_devices} × {cluster.device.name}: the leanest needs"
-            f" {need / 2**30:.1f} GiB per GPU, the device has {capacity / 2**30:.1f} GiB",
+            f" {need / 2**30:.1f} GiB per GPU, {capacity / 2**30:.1f} GiB are usable"
+            f" ({cluster.device.memory_bytes / 2**30:.0f} GiB device)",
             fix,
         )
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.counts.items()))

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import AXES, ParallelConfig, Recompute, ScheduleName
+from paratrain.parallel.config import AXES, MAX_MICROBATCHES, ParallelConfig, Recompute, ScheduleName
+from paratrain.schedule.registry import rule_violation
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
 
@@ -26,6 +27,7 @@ __all__ = [
     "REASONS",
     "divisors",
     "layouts",
+    "schedule_rule_ok",
     "variants",
 ]
 
@@ -44,12 +46,13 @@ REASONS = {
     "tp_indivisible": "tp does not divide heads / kv-heads / FFN",
     "pp_exceeds_layers": "more pipeline chunks than layers",
     "batch_indivisible": "global batch not divisible by dp × micro-batch",
+    "too_many_microbatches": "more micro-batches per pipeline than the limit (16,384)",
     "schedule_rule": "schedule's rule on stages / micro-batches violated",
     "tp_crosses_nodes": "tensor parallel group larger than a node",
     "partition_mismatch": "pinned partition has another number of chunks",
-    "out_of_memory": "peak memory above device memory",
+    "out_of_memory": "peak memory above usable device memory",
     "slower_than_top": "busiest rank's compute alone slower than the best found",
-    "simulator_out_of_memory": "simulator found peak memory above device memory",
+    "simulator_out_of_memory": "simulator found peak memory above usable device memory",
 }
 
 
@@ -151,14 +154,21 @@ def layouts(
 
 
 def microbatches(global_batch: int, layout: Layout, pins: Pins, rejected: Rejections) -> list[int]:
-    """Micro-batch sizes that divide each replica's share of the global batch, ascending."""
+    """Micro-batch sizes that divide each replica's share of the global batch, ascending; sizes
+    giving more micro-batches per pipeline than :data:`MAX_MICROBATCHES` are dropped (counted)."""
     per_replica = global_batch // layout.dp
     if pins.microbatch is not None:
         if per_replica % pins.microbatch:
             rejected.add("batch_indivisible")
             return []
+        if per_replica // pins.microbatch > MAX_MICROBATCHES:
+            rejected.add("too_many_microbatches")
+            return []
         return [pins.microbatch]
-    return [b for b in divisors(per_replica) if b <= pins.max_microbatch]
+    sizes = [b for b in divisors(per_replica) if b <= pins.max_microbatch]
+    kept = [b for b in sizes if per_replica // b <= MAX_MICROBATCHES]
+    rejected.add("too_many_microbatches", len(sizes) - len(kept))
+    return kept
 
 
 def _schedule_options(model: ModelSpec, layout: Layout, pins: Pins) -> Iterator[tuple[ScheduleName, int]]:
@@ -182,16 +192,9 @@ def _schedule_options(model: ModelSpec, layout: Layout, pins: Pins) -> Iterator[
 
 
 def schedule_rule_ok(schedule: ScheduleName, pp: int, virtual_stages: int, num_microbatches: int) -> bool:
-    """The schedules' own validity rules (issue 3 and the papers)."""
-    if schedule is ScheduleName.INTERLEAVED:
-        # Megatron-LM interleaving: more than one stage, micro-batches a multiple of the stages.
-        return pp > 1 and virtual_stages > 1 and num_microbatches % pp == 0
-    if schedule is ScheduleName.CHIMERA:
-        # Li & Hoefler 2021: an even number of stages, micro-batches in multiples of it.
-        return pp % 2 == 0 and num_microbatches % pp == 0
-    if schedule in (ScheduleName.ONE_F_ONE_B, ScheduleName.ZB_H1, ScheduleName.PIPEDREAM, ScheduleName.PIPEDREAM_2BW):
-        return num_microbatches >= 1
-    return True
+    """Whether the schedule's generator accepts these counts (its own rule, from the papers):
+    the planner keeps exactly what the simulator can build."""
+    return rule_violation(schedule, stages=pp, microbatches=num_microbatches, virtual_stages=virtual_stages) is None
 
 
 def _mesh_orders(layout: Layout, pins: Pins) -> list[tuple[str, ...]]:

@@ -133,15 +133,19 @@ def parse_vtrain_csv(text: str, source: str = "DATA.csv") -> list[MeasuredRun]:
             "use the vTrain CSV format: # GPUs, global batch, micro batch, ..., iteration time (ms)",
         )
     runs = []
+    seen: dict[tuple[object, ...], int] = {}
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not x.strip() for x in row):
             continue
         where = f"{source} line {lineno}"
+        if len(row) != len(header):  # a missing or extra comma shifts every later column
+            raise ConfigError(where, f"has {len(row)} fields, the header {len(header)}", "fix or remove the line")
+        vals = {k: row[i].strip() for k, i in index.items()}
         try:
-            vals = {k: row[i].strip() for k, i in index.items()}
             floats = {k: float(v) for k, v in vals.items()}
-        except (ValueError, IndexError):
-            raise ConfigError(where, f"cannot read {row!r}", "fix or remove the line") from None
+        except ValueError:
+            k = next(k for k, v in vals.items() if not _is_float(v))
+            raise ConfigError(where, f"{k} is {vals[k]!r}, not a number", "fix or remove the line") from None
         bad = [k for k, v in floats.items() if not math.isfinite(v)]
         if bad:
             raise ConfigError(where, f"{bad[0]} is {vals[bad[0]]!r}, not a finite number", "fix or remove the line")
@@ -158,6 +162,11 @@ def parse_vtrain_csv(text: str, source: str = "DATA.csv") -> list[MeasuredRun]:
                 f"tp*dp*pp = {ints['tp'] * ints['dp'] * ints['pp']} is not the {ints['gpus']} GPUs",
                 "check the column order (TP, DP, PP)",
             )
+        key = (*sorted(ints.items()), t)
+        if key in seen:  # a pasted line twice weighs one run double in every statistic
+            raise ConfigError(where, f"repeats line {seen[key]} (same layout and time)",
+                              "remove the copy (repeated measurements differ in their time)")
+        seen[key] = lineno
         run = MeasuredRun(time_s=t, line=lineno, **ints)
         try:  # the run's model and layout are checked here, so a bad row names its line
             run_model(run)
@@ -168,6 +177,14 @@ def parse_vtrain_csv(text: str, source: str = "DATA.csv") -> list[MeasuredRun]:
     if not runs:
         raise ConfigError(source, "has no data rows", "give a vTrain ground-truth CSV")
     return runs
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def run_model(run: MeasuredRun) -> ModelSpec:

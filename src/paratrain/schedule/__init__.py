@@ -7,7 +7,7 @@
 """
 
 from paratrain.schedule.ir import Action, ActionKind, Schedule, insert_p2p, parse_action
-from paratrain.schedule.registry import SCHEDULE_NAMES, generate
+from paratrain.schedule.registry import SCHEDULE_NAMES, check_rules, generate, rule_violation
 from paratrain.schedule.validate import ScheduleCheck, validate
 
 __all__ = [
@@ -16,8 +16,10 @@ __all__ = [
     "Schedule",
     "ScheduleCheck",
     "SCHEDULE_NAMES",
+    "check_rules",
     "generate",
     "insert_p2p",
     "parse_action",
+    "rule_violation",
     "validate",
 ]

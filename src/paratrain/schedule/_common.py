@@ -19,7 +19,7 @@ def check_counts(name: str, stages: int, microbatches: int, virtual_stages: int 
         raise ConfigError(
             "virtual_stages",
             f"{name} places one chunk per rank, got virtual_stages={virtual_stages}",
-            "use --schedule interleaved for several chunks per rank, or --virtual-stages 1",
+            "use the interleaved schedule for several chunks per rank, or virtual_stages 1",
         )
 
 

@@ -30,11 +30,12 @@ from paratrain.errors import ConfigError
 from paratrain.schedule._common import K, check_counts, with_reduce_and_step
 from paratrain.schedule.ir import Action, Schedule
 
-__all__ = ["chimera"]
+__all__ = ["chimera", "chimera_rules"]
 
 
-def chimera(stages: int, microbatches: int) -> Schedule:
-    check_counts("chimera", stages, microbatches)
+def chimera_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """An even number of stages, micro-batches a multiple of it, one chunk per rank per direction."""
+    check_counts("chimera", stages, microbatches, virtual_stages)
     d, n = stages, microbatches
     if d % 2:
         raise ConfigError(
@@ -46,6 +47,11 @@ def chimera(stages: int, microbatches: int) -> Schedule:
             f"Chimera needs micro-batches ({n}) to be a multiple of the stages ({d})",
             f"use {((n + d - 1) // d) * d} micro-batches",
         )
+
+
+def chimera(stages: int, microbatches: int) -> Schedule:
+    chimera_rules(stages, microbatches)
+    d, n = stages, microbatches
     placement = (tuple(range(d)), tuple(d - 1 - c for c in range(d)))
     replica_of = [0 if (mb % d) < d // 2 else 1 for mb in range(n)]
     cap = [min(d // 2, d - c) for c in range(d)]

@@ -10,11 +10,16 @@ from __future__ import annotations
 from paratrain.schedule._common import K, build, check_counts, plain_placement, with_reduce_and_step
 from paratrain.schedule.ir import Action, Schedule
 
-__all__ = ["gpipe"]
+__all__ = ["gpipe", "gpipe_rules"]
+
+
+def gpipe_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """Any positive counts, one chunk per rank."""
+    check_counts("gpipe", stages, microbatches, virtual_stages)
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
-    check_counts("gpipe", stages, microbatches)
+    gpipe_rules(stages, microbatches)
     rows = [
         [Action(K.FORWARD, m, r) for m in range(microbatches)] + [Action(K.BACKWARD, m, r) for m in range(microbatches)]
         for r in range(stages)

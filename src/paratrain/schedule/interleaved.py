@@ -8,8 +8,9 @@ group of ``p`` micro-batches, all of them on local chunk 0, then on local chunk 
 drains. Backwards visit the local chunks in reverse order. With uniform per-chunk times the
 bubble shrinks by ``v``: ``(p-1)/(v·M + p-1)`` of the iteration (SC'21 paper, Sec. 2.2).
 
-Validity as in Megatron-LM: ``v ≥ 2`` and ``M`` a multiple of ``p`` (Megatron-core raises when
-``0 < M mod p``: otherwise the last group leaves dependency bubbles).
+Validity as in Megatron-LM: ``p ≥ 2``, ``v ≥ 2`` and ``M`` a multiple of ``p`` (Megatron-core raises
+when ``0 < M mod p``: otherwise the last group leaves dependency bubbles; with one stage there is
+no pipeline to interleave).
 """
 
 from __future__ import annotations
@@ -18,17 +19,24 @@ from paratrain.errors import ConfigError
 from paratrain.schedule._common import K, build, check_counts, with_reduce_and_step
 from paratrain.schedule.ir import Action, Schedule
 
-__all__ = ["interleaved"]
+__all__ = ["interleaved", "interleaved_rules"]
 
 
-def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Schedule:
+def interleaved_rules(stages: int, microbatches: int, virtual_stages: int = 2) -> None:
+    """At least 2 stages and 2 chunks per rank, micro-batches a multiple of the stages."""
     check_counts("interleaved", stages, microbatches, virtual_stages)
     p, m, v = stages, microbatches, virtual_stages
     if v < 2:
         raise ConfigError(
             "virtual_stages",
             f"interleaved 1F1B needs at least 2 chunks per rank, got {v}",
-            "use --virtual-stages 2 or more, or --schedule 1f1b",
+            "use virtual_stages 2 or more, or the 1f1b schedule",
+        )
+    if p < 2:
+        raise ConfigError(
+            "stages",
+            "interleaved 1F1B needs at least 2 pipeline stages, got 1",
+            "use 2 or more stages, or the 1f1b schedule",
         )
     if m % p:
         raise ConfigError(
@@ -36,6 +44,11 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Sche
             f"interleaved 1F1B needs micro-batches ({m}) to be a multiple of the stages ({p})",
             f"use {((m + p - 1) // p) * p} micro-batches (Megatron-LM's rule)",
         )
+
+
+def interleaved(stages: int, microbatches: int, virtual_stages: int = 2) -> Schedule:
+    interleaved_rules(stages, microbatches, virtual_stages)
+    p, m, v = stages, microbatches, virtual_stages
     # Megatron's virtual micro-batch table: (micro-batch, local chunk) in forward order.
     table = [(g0 + i, lc) for g0 in range(0, m, p) for lc in range(v) for i in range(p)]
     total = m * v

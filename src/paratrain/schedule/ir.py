@@ -62,6 +62,7 @@ Execution semantics (what the validator proves and the runtime may rely on)
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -173,6 +174,8 @@ def parse_action(text: str, where: str = "action") -> Action:
             d = float(dur) if dur else None
         except ValueError:
             raise ConfigError(where, f"filler duration {dur!r} is not a number", "write X:name/seconds") from None
+        if d is not None and not 0 <= d < math.inf:  # NaN fails both comparisons
+            raise ConfigError(where, f"filler duration {dur!r} is not a finite number ≥ 0", "write X:name/seconds")
         return Action(K.FILLER, tag=tag or None, duration_s=d)
     m = _ACTION_RE.match(t)
     if m is None:
@@ -308,25 +311,28 @@ class Schedule:
                 "must be a list with one list of action strings per rank",
                 'e.g. [["F0@c0", ...], [...]]',
             )
-        stages = int(doc.get("stages", len(rows)))
+        stages = _count(doc, "stages", len(rows), field_name)
         if stages != len(rows):
             raise ConfigError(
                 f"{field_name}.stages", f"is {stages} but there are {len(rows)} action lists", "give one list per rank"
             )
         placement_doc = doc.get("placement", [list(range(stages))])
-        try:
-            placement = tuple(tuple(int(x) for x in row) for row in placement_doc)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"{field_name}.placement", "must be a list of lists of ranks", "e.g. [[0, 1, 2, 3]]"
-            ) from None
+        if not isinstance(placement_doc, list) or not all(
+            isinstance(row, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in row)
+            for row in placement_doc
+        ):
+            raise ConfigError(f"{field_name}.placement", "must be a list of lists of ranks", "e.g. [[0, 1, 2, 3]]")
+        placement = tuple(tuple(row) for row in placement_doc)
         actions = tuple(
             tuple(parse_action(str(t), f"{field_name} rank {r} action {i}") for i, t in enumerate(row))
             for r, row in enumerate(rows)
         )
         mbs = {a.microbatch for row in actions for a in row if a.microbatch is not None}
-        iterations = int(doc.get("iterations", 1))
-        micro = int(doc.get("microbatches", (max(mbs) + 1) // iterations if mbs else 0))
+        iterations = _count(doc, "iterations", 1, field_name)
+        micro = _count(doc, "microbatches", max(1, (max(mbs) + 1) // iterations) if mbs else 1, field_name)
+        if not isinstance(doc.get("insert_p2p", False), bool):
+            raise ConfigError(f"{field_name}.insert_p2p", f"must be true or false, got {doc['insert_p2p']!r}",
+                              "write true or false")
         if doc.get("insert_p2p"):
             actions = insert_p2p(actions, placement)
         sched = cls(
@@ -336,7 +342,7 @@ class Schedule:
             placement=placement,
             actions=actions,
             iterations=iterations,
-            weight_versions=int(doc.get("weight_versions", 1)),
+            weight_versions=_count(doc, "weight_versions", 1, field_name),
         )
         if "weight_versions" not in doc and any(a.version is not None for row in actions for a in row):
             # count them from the version annotations (raises, naming rank and action, if they are wrong)
@@ -346,6 +352,17 @@ class Schedule:
 
             sched = dataclasses.replace(sched, weight_versions=max(inflight_and_versions(sched)[1]))
         return sched
+
+
+def _count(doc: dict[str, Any], key: str, default: int, field_name: str) -> int:
+    """``doc[key]`` (or ``default``) as a count ≥ 1; a string, float, bool or null is an error,
+    not something ``int()`` quietly rounds."""
+    v = doc.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{field_name}.{key}", f"must be a whole number, got {v!r}", f"write {key} as an integer")
+    if v < 1:
+        raise ConfigError(f"{field_name}.{key}", f"must be at least 1, got {v}", f"write {key} as a positive integer")
+    return v
 
 
 def insert_p2p(

@@ -10,7 +10,12 @@ from __future__ import annotations
 from paratrain.schedule._common import K, build, check_counts, plain_placement, with_reduce_and_step
 from paratrain.schedule.ir import Action, Schedule
 
-__all__ = ["one_f_one_b", "one_f_one_b_order"]
+__all__ = ["one_f_one_b", "one_f_one_b_order", "one_f_one_b_rules"]
+
+
+def one_f_one_b_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """Any positive counts, one chunk per rank (fewer micro-batches than stages only idle more)."""
+    check_counts("1f1b", stages, microbatches, virtual_stages)
 
 
 def one_f_one_b_order(rank: int, stages: int, microbatches: list[int], chunk: int, replica: int = 0) -> list[Action]:
@@ -26,7 +31,7 @@ def one_f_one_b_order(rank: int, stages: int, microbatches: list[int], chunk: in
 
 
 def one_f_one_b(stages: int, microbatches: int) -> Schedule:
-    check_counts("1f1b", stages, microbatches)
+    one_f_one_b_rules(stages, microbatches)
     mbs = list(range(microbatches))
     rows = [one_f_one_b_order(r, stages, mbs, r) for r in range(stages)]
     return build("1f1b", stages, microbatches, plain_placement(stages), with_reduce_and_step(rows))

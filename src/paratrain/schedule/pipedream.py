@@ -24,7 +24,7 @@ from paratrain.schedule._common import K, build, check_counts, plain_placement
 from paratrain.schedule.ir import Action, Schedule
 from paratrain.schedule.one_f_one_b import one_f_one_b_order
 
-__all__ = ["pipedream", "pipedream_2bw", "DEFAULT_ASYNC_ITERATIONS"]
+__all__ = ["pipedream", "pipedream_2bw", "pipedream_rules", "pipedream_2bw_rules", "DEFAULT_ASYNC_ITERATIONS"]
 
 # Batches generated for asynchronous schedules: fill, two steady-state batches, drain.
 DEFAULT_ASYNC_ITERATIONS = 4
@@ -35,8 +35,24 @@ def _check_iterations(iterations: int) -> None:
         raise ConfigError("iterations", f"must be a positive integer, got {iterations!r}", "use e.g. 4")
 
 
+def pipedream_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """Any positive counts, one chunk per rank."""
+    check_counts("pipedream", stages, microbatches, virtual_stages)
+
+
+def pipedream_2bw_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """At least as many micro-batches as stages (two weight versions suffice only then), one chunk per rank."""
+    check_counts("2bw", stages, microbatches, virtual_stages)
+    if microbatches < stages:
+        raise ConfigError(
+            "microbatches",
+            f"PipeDream-2BW needs at least as many micro-batches as stages, got {microbatches} < {stages}",
+            f"use at least {stages} micro-batches (two weight versions suffice only then)",
+        )
+
+
 def pipedream(stages: int, microbatches: int, iterations: int = DEFAULT_ASYNC_ITERATIONS) -> Schedule:
-    check_counts("pipedream", stages, microbatches)
+    pipedream_rules(stages, microbatches)
     _check_iterations(iterations)
     p, total = stages, microbatches * iterations
     rows = []
@@ -58,15 +74,9 @@ def pipedream(stages: int, microbatches: int, iterations: int = DEFAULT_ASYNC_IT
 
 
 def pipedream_2bw(stages: int, microbatches: int, iterations: int = DEFAULT_ASYNC_ITERATIONS) -> Schedule:
-    check_counts("2bw", stages, microbatches)
+    pipedream_2bw_rules(stages, microbatches)
     _check_iterations(iterations)
     p, m = stages, microbatches
-    if m < p:
-        raise ConfigError(
-            "microbatches",
-            f"PipeDream-2BW needs at least as many micro-batches as stages, got {m} < {p}",
-            f"use at least {p} micro-batches (two weight versions suffice only then)",
-        )
     total = m * iterations
     rows = []
     for r in range(p):

@@ -15,11 +15,16 @@ from __future__ import annotations
 from paratrain.schedule._common import K, build, check_counts, plain_placement, with_reduce_and_step
 from paratrain.schedule.ir import Action, Schedule
 
-__all__ = ["zb_h1"]
+__all__ = ["zb_h1", "zb_h1_rules"]
+
+
+def zb_h1_rules(stages: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """Any positive counts, one chunk per rank."""
+    check_counts("zb-h1", stages, microbatches, virtual_stages)
 
 
 def zb_h1(stages: int, microbatches: int) -> Schedule:
-    check_counts("zb-h1", stages, microbatches)
+    zb_h1_rules(stages, microbatches)
     p, m = stages, microbatches
     rows = []
     for r in range(p):

@@ -72,9 +72,10 @@ class Timing:
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
     """Every chunk takes ``forward`` and ``backward`` (split in equal halves for ``I`` and ``W``);
     communication and optimizer steps are free: the setting of the schedule papers' figures."""
-    if not forward > 0 or not backward > 0:
+    if not 0 < forward < float("inf") or not 0 < backward < float("inf"):  # NaN fails too
         raise ConfigError(
-            "--forward-time/--backward-time", f"must be positive, got {forward} and {backward}", "use e.g. 1 and 2"
+            "--forward-time/--backward-time", f"must be positive and finite, got {forward} and {backward}",
+            "use e.g. 1 and 2",
         )
     n = schedule.num_chunks
     return Timing(

@@ -26,7 +26,7 @@ from typing import Any
 
 from paratrain.errors import ConfigError
 from paratrain.spec.device import DeviceSpec
-from paratrain.trace import COMPUTE_CATEGORIES, read_trace, run_variation
+from paratrain.trace import COMPUTE_CATEGORIES, read_trace, run_variation, trace_origin
 
 __all__ = ["TraceFit", "fit_trace", "scaled_device", "pooled_speed_factor"]
 
@@ -62,6 +62,9 @@ def fit_trace(path: str | Path, device: DeviceSpec, field: str = "--from-trace")
     from paratrain.spec.model import from_document
 
     events, meta = read_trace(path, field)
+    if trace_origin(meta) == "predicted":  # fitting the model to its own output would teach it nothing
+        raise ConfigError(field, f"{path} is a simulated trace ({meta['source']}), not a measured run",
+                          "give a trace written by paratrain train --trace")
     if not isinstance(meta.get("model_spec"), dict) or not isinstance(meta.get("parallel"), dict):
         raise ConfigError(field, f"{path} does not say which model and layout it measured (no model_spec/parallel "
                           "in its metadata)", "record it again with paratrain train --trace")

@@ -15,13 +15,16 @@ from collections.abc import Sized
 
 from paratrain.errors import ConfigError
 
-__all__ = ["MAX_SHOW_UNITS", "MAX_SHOW_ACTIONS", "MAX_PLOT_EVENTS", "check_show_size", "check_show_actions",
-           "check_plot_size"]
+__all__ = ["MAX_SHOW_UNITS", "MAX_SHOW_ACTIONS", "MAX_PLOT_EVENTS", "MAX_SAMPLED_ACTIONS", "check_show_size",
+           "check_show_actions", "check_plot_size", "check_sample_size"]
 
 # stages × micro-batches × chunks per rank × steps: about 100 k actions, a few seconds in all.
 MAX_SHOW_UNITS = 16384
 MAX_SHOW_ACTIONS = 6 * MAX_SHOW_UNITS
 MAX_PLOT_EVENTS = 1500
+# Variable durations simulate the iteration once per draw, about 2-5 µs per action each: draws ×
+# actions past this take more than a few seconds.
+MAX_SAMPLED_ACTIONS = 2**20
 
 
 def check_show_size(stages: int, microbatches: int, virtual_stages: int, iterations: int) -> None:
@@ -49,3 +52,13 @@ def check_plot_size(events: Sized, field: str) -> None:
         raise ConfigError(field, f"the timeline has {len(events)} boxes to draw, more than {MAX_PLOT_EVENTS}",
                           "plot a smaller run (fewer stages, micro-batches or steps), or open the --trace file "
                           "in Perfetto (ui.perfetto.dev)")
+
+
+def check_sample_size(actions: int, samples: int, field: str) -> None:
+    """Refuse ``samples`` draws of an iteration of about ``actions`` actions when they would take
+    more than seconds; the message says how many draws fit."""
+    if samples * actions > MAX_SAMPLED_ACTIONS:
+        fit = MAX_SAMPLED_ACTIONS // max(1, actions)
+        fix = f"use {field} {fit} or fewer" if fit >= 1 else "simulate without varying durations (--duration-cv 0)"
+        raise ConfigError(field, f"{samples:,} draws of an iteration of about {actions:,} actions exceed "
+                          f"{MAX_SAMPLED_ACTIONS:,} simulated actions, the work done within seconds", fix)

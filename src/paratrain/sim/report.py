@@ -355,10 +355,10 @@ def simulate_config(
     config.validate_for(model, even_layers=config.partition is None)
     if config.world_size > cluster.num_devices:
         raise ConfigError(
-            "dp*tp*pp",
+            "cluster.gpus",
             f"dp({config.dp})*tp({config.tp})*pp({config.pp}) = {config.world_size} exceeds the cluster's "
             f"{cluster.num_devices} devices",
-            "use a larger cluster (--gpus/--nodes) or smaller parallel sizes",
+            "use a larger cluster (more GPUs or nodes) or smaller dp, tp or pp",
         )
     schedule = _generate_cached(config.schedule.value, config.pp, config.num_microbatches, config.virtual_stages)
     costs = chunk_costs(model, cluster, config)

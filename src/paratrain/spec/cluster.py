@@ -230,12 +230,9 @@ def from_document(doc: dict[str, Any], field_name: str = "--cluster") -> Cluster
             doc["topology"] = Topology(**doc["topology"])
         except TypeError as e:
             raise ConfigError(f"{field_name} topology", str(e), "check the topology keys") from None
-    known = {f.name for f in dataclasses.fields(ClusterSpec)}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ConfigError(
-            f"{field_name} key {unknown[0]!r}", "is not a cluster field", f"use keys among: {', '.join(sorted(known))}"
-        )
+    from paratrain.spec._files import check_keys
+
+    check_keys(doc, ClusterSpec, field_name, "cluster", expected_kind="a cluster spec", required=base is None)
     try:
         if base is not None:
             return dataclasses.replace(base, **doc)

@@ -152,12 +152,9 @@ def from_document(doc: dict[str, Any], field: str = "--device") -> DeviceSpec:
     base = None
     if "preset" in doc:
         base = resolve_device(str(doc.pop("preset")), field)
-    known = {f.name for f in dataclasses.fields(DeviceSpec)}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ConfigError(
-            f"{field} key {unknown[0]!r}", "is not a device field", f"use keys among: {', '.join(sorted(known))}"
-        )
+    from paratrain.spec._files import check_keys
+
+    check_keys(doc, DeviceSpec, field, "device", expected_kind="a device spec", required=base is None)
     if base is not None:
         return dataclasses.replace(base, **doc)
     try:

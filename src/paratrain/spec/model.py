@@ -285,12 +285,9 @@ def from_document(doc: dict[str, Any], field: str = "--model") -> ModelSpec:
     base: ModelSpec | None = None
     if "preset" in doc:
         base = preset(str(doc.pop("preset")), field)
-    known = {f.name for f in dataclasses.fields(ModelSpec)}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise ConfigError(
-            f"{field} key {unknown[0]!r}", "is not a model field", f"use keys among: {', '.join(sorted(known))}"
-        )
+    from paratrain.spec._files import check_keys
+
+    check_keys(doc, ModelSpec, field, "model", expected_kind="a model spec", required=False)
     if base is not None:
         return base.with_overrides(**doc)
     missing = [k for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in doc]
