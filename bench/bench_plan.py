@@ -1,4 +1,4 @@
-"""Planner search time on the two reference problems of issue 4.
+"""Planner search time on its two reference problems.
 
     .venv/bin/python bench/bench_plan.py
 

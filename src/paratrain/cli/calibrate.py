@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from paratrain.cli.options import JsonOpt, print_json
+from paratrain.cli.options import JsonOpt, print_json, progress_bar
 from paratrain.errors import ConfigError
 from paratrain.fileio import atomic_write_text, check_distinct_paths, check_output_path
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path
@@ -42,30 +41,12 @@ def register(app: typer.Typer) -> None:
 
 @contextmanager
 def _progress_bar(procs: int, quiet: bool) -> Iterator[Progress]:
-    """A progress bar over the measurements on stderr when it is a terminal and ``quiet`` is not
-    set; a callback that does nothing otherwise."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """The measurements' progress on a terminal (nothing piped or with ``quiet``)."""
     from paratrain.runtime.calibrate import measurement_steps
 
-    console = Console(file=sys.stderr)
-    with Progress(
-        TextColumn("calibrating: {task.description:<22}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=quiet or not console.is_terminal,
-    ) as bar:
-        starting = f"starting {procs} processes" if procs > 1 else "starting"
-        task = bar.add_task(starting, total=measurement_steps(procs))
-
-        def tell(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what)
-
-        yield tell
+    with progress_bar("calibrating", quiet) as tick:
+        tick(0, measurement_steps(procs), f"starting {procs} processes" if procs > 1 else "starting")
+        yield tick
 
 
 def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:

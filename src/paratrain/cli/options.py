@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar, cast
 
 import typer
@@ -291,6 +292,32 @@ def parallel_from_opts(
     if str(given.get("schedule", "")).lower() == "interleaved":
         given.setdefault("virtual_stages", 2)  # interleaving needs at least two chunks per rank
     return ParallelConfig(**given)
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool = False) -> Iterator[Callable[..., None]]:
+    """A transient progress bar on stderr for long work, shown only when stderr is a terminal and
+    ``quiet`` (``--json``) is not set. Yields ``tick(done, total, what=None)``; ``what`` names the
+    current piece of work. Piped or quiet, ``tick`` does nothing and nothing is printed."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=sys.stderr)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def tick(done: int, total: int | None, what: str | None = None) -> None:
+            bar.update(task, completed=done, total=total, description=f"{label}: {what}" if what else label)
+
+        yield tick
 
 
 def print_json(obj: Any) -> None:

@@ -8,7 +8,6 @@ paratrain plan --model gpt3-175b --gpus 1024 --global-batch 1536 --advise-shape
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -48,6 +47,7 @@ from paratrain.cli.options import (
     parse_ints,
     parse_mesh_order,
     print_json,
+    progress_bar,
     resolve_cluster_opts,
     resolve_model_opts,
 )
@@ -302,20 +302,8 @@ def plan_command(
         return
 
     console = _console()
-    progress_console = Console(file=sys.stderr)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("searching"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=progress_console,
-        transient=True,
-        disable=not progress_console.is_terminal,
-    ) as bar:
-        task = bar.add_task("search", total=None)
-        result = plan(spec, clus, global_batch, progress=lambda d, t: bar.update(task, completed=d, total=t), **kwargs)
+    with progress_bar("searching", json_out) as tick:
+        result = plan(spec, clus, global_batch, progress=tick, **kwargs)
     from paratrain.plan.report import plan_document
 
     doc = plan_document(spec, clus, result)

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from paratrain.cli.options import as_flag_error, print_json
+from paratrain.cli.options import as_flag_error, print_json, progress_bar
 from paratrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from paratrain.plan.sweep import SweepPoint
 
-__all__ = ["run_sweep", "print_advice", "sweep_rows", "progress_bar"]
+__all__ = ["run_sweep", "print_advice", "sweep_rows"]
 
 
 def sweep_rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
@@ -106,26 +104,6 @@ def _check_values(variable: str, values: list[int]) -> None:
             raise ConfigError(
                 "--sweep", f"{variable}={v:,} exceeds the limit of {limit:,} ({what})", f"use values up to {limit:,}"
             )
-
-
-@contextmanager
-def progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
-    """A progress bar on stderr when it is a terminal (not with ``--json``): yields
-    ``tick(done, total)``; piped, redirected or quiet, the callback does nothing."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(file=sys.stderr)
-    with Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=quiet or not console.is_terminal,
-    ) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def run_sweep(

@@ -17,8 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from paratrain.cli.options import ClusterOpt, JsonOpt, print_json
-from paratrain.cli.plan_sweep import progress_bar
+from paratrain.cli.options import ClusterOpt, JsonOpt, print_json, progress_bar
 from paratrain.errors import ConfigError
 
 __all__ = ["register", "validate_command", "BUILTIN_DATA", "BUILTIN_LUTS"]

@@ -1,6 +1,6 @@
-"""What the planner reports: the DESIGN.md keys of the winner, a readable breakdown, the JSON
-document of a search, and the one flat row of a configuration's layout that every table and
-sweep uses."""
+"""What the planner reports: the winner's interface keys (``iteration_time_s``, ``tokens_per_s``, …),
+a readable breakdown, the JSON document of a search, and the one flat row of a configuration's
+layout that every table and sweep uses."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _analytic_comm(cand: Candidate) -> dict[str, float]:
 
 
 def winner_keys(cand: Candidate) -> dict[str, Any]:
-    """The DESIGN.md keys: the simulator's values when it ran, the closed forms' otherwise."""
+    """The interface keys: the simulator's values when it ran, the closed forms' otherwise."""
     if cand.simulated is not None:
         d = cand.simulated.to_dict()
         d["source"] = "simulator"
@@ -106,7 +106,7 @@ def candidate_row(cand: Candidate) -> dict[str, Any]:
 
 
 def plan_document(model: ModelSpec, cluster: ClusterSpec, result: PlanResult) -> dict[str, Any]:
-    """The winner's DESIGN.md keys, the chosen config as a run document, and the ranking."""
+    """The winner's interface keys, the chosen config as a run document, and the ranking."""
     win = result.winner
     doc = winner_keys(win)
     doc["config"] = {"parallel": win.config.to_dict(), "model": model.to_dict(), "cluster": cluster.to_dict()}

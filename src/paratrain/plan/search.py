@@ -55,7 +55,7 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class Metrics:
-    """Throughput figures of one prediction (the DESIGN.md keys)."""
+    """Throughput figures of one prediction (the interface keys other tools read)."""
 
     iteration_time_s: float
     tokens_per_s: float
