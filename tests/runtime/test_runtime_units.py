@@ -132,15 +132,15 @@ def test_train_config_accepts_no_clipping_and_no_warmup() -> None:
 
 
 def test_host_memory_check_names_the_limit(monkeypatch) -> None:
-    from paratrain.runtime import train
+    from paratrain.runtime import config
 
     spec = preset("gpt-tiny")  # 120,576 parameters: 4 processes need 120,576 x (4 x 4 + 12) bytes
     need = spec.param_count() * (4 * 4 + 12)
-    monkeypatch.setattr(train, "_available_memory_bytes", lambda: need)
-    train.check_host_memory(spec, 4)  # exactly fits
-    monkeypatch.setattr(train, "_available_memory_bytes", lambda: need - 1)
+    monkeypatch.setattr(config, "_available_memory_bytes", lambda: need)
+    config.check_host_memory(spec, 4)  # exactly fits
+    monkeypatch.setattr(config, "_available_memory_bytes", lambda: need - 1)
     with pytest.raises(ConfigError, match="memory available") as err:
-        train.check_host_memory(spec, 4)
+        config.check_host_memory(spec, 4)
     assert "120,576 parameters" in str(err.value)
 
 

@@ -143,6 +143,11 @@ def train(
     if nproc is not None and under_launcher:
         raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
                           "drop --nproc when running under torchrun")
+    from paratrain.runtime.config import check_host_memory, check_outputs
+
+    # Before torch's import (seconds): the launcher and each worker check the whole run again.
+    check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    check_outputs(tcfg)
     if nproc is not None and nproc > 1 or (nproc == 1 and pcfg.world_size != 1):
         from paratrain.runtime.launch import Interrupted, LaunchError, launch
 

@@ -1,15 +1,19 @@
-"""The run options of ``paratrain train`` that are neither the model nor the parallel layout."""
+"""The run options of ``paratrain train`` that are neither the model nor the parallel layout, and
+the checks of a run that need no torch (so a bad flag costs a second, not torch's import)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from paratrain.errors import ConfigError, require_positive
+from paratrain.fileio import check_output_path
+from paratrain.spec.model import ModelSpec
 
-__all__ = ["TrainConfig", "DP_IMPLS"]
+__all__ = ["TrainConfig", "DP_IMPLS", "check_outputs", "check_host_memory"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 
@@ -75,3 +79,39 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_outputs(train: TrainConfig) -> None:
+    """Every output path can be written (a typo costs a second, not a training run)."""
+    if train.metrics is not None:
+        check_output_path(train.metrics.replace("{rank}", "0"), "--metrics")
+    if train.trace is not None:
+        check_output_path(train.trace, "--trace")
+    if train.save_final is not None:
+        check_output_path(train.save_final, "--save-final")
+
+
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
+    """Reject a model this machine cannot hold before any process allocates it: every process
+    builds the full fp32 model (4 bytes a parameter) before keeping its share, and the ranks
+    together hold fp32 gradients and AdamW's two moments (12 bytes a parameter)."""
+    params = spec.param_count()
+    need = params * (4 * procs_on_host + 12)
+    limit = _available_memory_bytes()
+    if need > limit:
+        raise ConfigError(
+            "model size", f"{spec.name} has {params:,} parameters (layers {spec.layers}, hidden {spec.hidden}, "
+            f"vocab {spec.vocab}): ~{need / 1e9:,.1f} GB of weights, gradients and AdamW state on this machine "
+            f"({procs_on_host} process(es)), more than the {limit / 1e9:,.1f} GB of memory available",
+            "use smaller --layers, --hidden or --vocab, or fewer processes per machine")

@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_writer, check_output_path
+from paratrain.fileio import atomic_writer
 from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule.ir import Schedule
 from paratrain.spec.model import ModelSpec
 
 from . import faults
-from .config import DP_IMPLS, TrainConfig
+from .config import DP_IMPLS, TrainConfig, check_host_memory, check_outputs
 from .data import Batch, DataSource, load_corpus
 from .data_parallel import wrap_data_parallel
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
@@ -77,42 +77,6 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     check_outputs(train)
     # the schedule's own rules (e.g. Chimera's even stage count)
     return validate_pipeline(config, train) if config.pp > 1 else None
-
-
-def check_outputs(train: TrainConfig) -> None:
-    """Every output path can be written (a typo costs a second, not a training run)."""
-    if train.metrics is not None:
-        check_output_path(train.metrics.replace("{rank}", "0"), "--metrics")
-    if train.trace is not None:
-        check_output_path(train.trace, "--trace")
-    if train.save_final is not None:
-        check_output_path(train.save_final, "--save-final")
-
-
-def _available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
-    """Reject a model this machine cannot hold before any process allocates it: every process
-    builds the full fp32 model (4 bytes a parameter) before keeping its share, and the ranks
-    together hold fp32 gradients and AdamW's two moments (12 bytes a parameter)."""
-    params = spec.param_count()
-    need = params * (4 * procs_on_host + 12)
-    limit = _available_memory_bytes()
-    if need > limit:
-        raise ConfigError(
-            "model size", f"{spec.name} has {params:,} parameters (layers {spec.layers}, hidden {spec.hidden}, "
-            f"vocab {spec.vocab}): ~{need / 1e9:,.1f} GB of weights, gradients and AdamW state on this machine "
-            f"({procs_on_host} process(es)), more than the {limit / 1e9:,.1f} GB of memory available",
-            "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
 
 
 # ----- the step loop -----------------------------------------------------------------------------------
