@@ -143,12 +143,20 @@ def train(
     if nproc is not None and under_launcher:
         raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
                           "drop --nproc when running under torchrun")
-    from paratrain.runtime.config import check_host_memory, check_outputs
+    from paratrain.runtime.config import check_host_memory, check_model_layout, check_outputs, check_world_size
+    from paratrain.schedule import check_rules
 
     # Before torch's import (seconds): the launcher and each worker check the whole run again.
+    launching = nproc is not None and nproc > 1 or (nproc == 1 and pcfg.world_size != 1)
+    if not under_launcher:
+        check_world_size(pcfg, nproc if launching and nproc is not None else 1)
+    check_model_layout(spec, pcfg)
+    if pcfg.pp > 1:
+        check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
+                    virtual_stages=pcfg.virtual_stages)
     check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     check_outputs(tcfg)
-    if nproc is not None and nproc > 1 or (nproc == 1 and pcfg.world_size != 1):
+    if launching:
         from paratrain.runtime.launch import Interrupted, LaunchError, launch
 
         try:
@@ -160,10 +168,6 @@ def train(
             typer.echo(f"paratrain: {e}", err=True)
             raise SystemExit(e.exit_code) from None
         return
-    if not under_launcher:
-        from paratrain.runtime.mesh import check_world_size
-
-        check_world_size(pcfg, 1)
     from paratrain.runtime.train import worker_main
 
     worker_main(spec, pcfg, tcfg)

@@ -11,9 +11,10 @@ from typing import Any
 
 from paratrain.errors import ConfigError, require_positive
 from paratrain.fileio import check_output_path
+from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec
 
-__all__ = ["TrainConfig", "DP_IMPLS", "check_outputs", "check_host_memory"]
+__all__ = ["TrainConfig", "DP_IMPLS", "check_outputs", "check_host_memory", "check_world_size", "check_model_layout"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 
@@ -115,3 +116,28 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
             f"vocab {spec.vocab}): ~{need / 1e9:,.1f} GB of weights, gradients and AdamW state on this machine "
             f"({procs_on_host} process(es)), more than the {limit / 1e9:,.1f} GB of memory available",
             "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
+
+
+def check_world_size(config: ParallelConfig, world_size: int) -> None:
+    if config.world_size != world_size:
+        raise ConfigError(
+            "world size",
+            f"dp({config.dp})*tp({config.tp})*pp({config.pp})={config.world_size} != world_size({world_size})",
+            f"launch {config.world_size} processes (--nproc {config.world_size}) or change --dp/--tp/--pp",
+        )
+
+
+def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
+    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
+    config.validate_for(model, even_layers=config.partition is None)
+    if config.tp > 1:
+        if model.num_kv_heads % config.tp:
+            raise ConfigError(
+                "tp", f"tp({config.tp}) does not divide the {model.num_kv_heads} key/value heads",
+                "the runtime shards whole key/value heads: use tp dividing kv_heads",
+            )
+        if model.vocab % config.tp:
+            raise ConfigError(
+                "tp", f"tp({config.tp}) does not divide the vocabulary {model.vocab} (vocabulary-parallel embedding)",
+                f"use --vocab {model.vocab + (-model.vocab) % config.tp} or a tp dividing {model.vocab}",
+            )

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
-from paratrain.spec.model import ModelSpec
+
+from .config import check_model_layout, check_world_size
 
 __all__ = ["RendezvousError", "RuntimeContext", "check_world_size", "check_model_layout", "init_runtime", "env_world"]
 
@@ -64,31 +64,6 @@ def env_world() -> tuple[int, int, int]:
     """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) without one."""
     return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
             int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def check_world_size(config: ParallelConfig, world_size: int) -> None:
-    if config.world_size != world_size:
-        raise ConfigError(
-            "world size",
-            f"dp({config.dp})*tp({config.tp})*pp({config.pp})={config.world_size} != world_size({world_size})",
-            f"launch {config.world_size} processes (--nproc {config.world_size}) or change --dp/--tp/--pp",
-        )
-
-
-def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
-    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
-    config.validate_for(model, even_layers=config.partition is None)
-    if config.tp > 1:
-        if model.num_kv_heads % config.tp:
-            raise ConfigError(
-                "tp", f"tp({config.tp}) does not divide the {model.num_kv_heads} key/value heads",
-                "the runtime shards whole key/value heads: use tp dividing kv_heads",
-            )
-        if model.vocab % config.tp:
-            raise ConfigError(
-                "tp", f"tp({config.tp}) does not divide the vocabulary {model.vocab} (vocabulary-parallel embedding)",
-                f"use --vocab {model.vocab + (-model.vocab) % config.tp} or a tp dividing {model.vocab}",
-            )
 
 
 def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: str | None = None) -> RuntimeContext:
