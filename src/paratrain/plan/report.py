@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from paratrain.parallel.config import ParallelConfig
-from paratrain.plan.search import Candidate, PlanResult
+from paratrain.plan.search import Candidate, Metrics, PlanResult
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
 
@@ -63,21 +63,27 @@ def _analytic_comm(cand: Candidate) -> dict[str, float]:
     return {"exposed": est.exposed_comm_s, "grad_reduce_exposed": est.exposed_grad_reduce_s}
 
 
+def _throughput_keys(m: Metrics) -> dict[str, Any]:
+    """The interface keys one prediction gives, in the order every document prints them."""
+    return {
+        "iteration_time_s": m.iteration_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "samples_per_s": m.samples_per_s,
+        "tflops_per_gpu": m.tflops_per_gpu,
+        "mfu": m.mfu,
+        "bubble_fraction": m.bubble_fraction,
+        "peak_memory_bytes": m.peak_memory_bytes,
+    }
+
+
 def winner_keys(cand: Candidate) -> dict[str, Any]:
     """The interface keys: the simulator's values when it ran, the closed forms' otherwise."""
     if cand.simulated is not None:
         d = cand.simulated.to_dict()
         d["source"] = "simulator"
     else:
-        m = cand.analytic
         d = {
-            "iteration_time_s": m.iteration_time_s,
-            "tokens_per_s": m.tokens_per_s,
-            "samples_per_s": m.samples_per_s,
-            "tflops_per_gpu": m.tflops_per_gpu,
-            "mfu": m.mfu,
-            "bubble_fraction": m.bubble_fraction,
-            "peak_memory_bytes": m.peak_memory_bytes,
+            **_throughput_keys(cand.analytic),
             "memory_by_rank": list(cand.estimate.memory_by_rank),
             "comm_time_by_kind": _analytic_comm(cand),
             "source": "analytic",
@@ -93,13 +99,7 @@ def candidate_row(cand: Candidate) -> dict[str, Any]:
     return {
         "parallel": cand.config.to_dict(),
         "source": cand.source,
-        "iteration_time_s": m.iteration_time_s,
-        "tokens_per_s": m.tokens_per_s,
-        "samples_per_s": m.samples_per_s,
-        "tflops_per_gpu": m.tflops_per_gpu,
-        "mfu": m.mfu,
-        "bubble_fraction": m.bubble_fraction,
-        "peak_memory_bytes": m.peak_memory_bytes,
+        **_throughput_keys(m),
         "exposed_comm_s": m.exposed_comm_s,
         "analytic_iteration_time_s": cand.analytic.iteration_time_s,
     }
