@@ -30,10 +30,8 @@ from paratrain.errors import ConfigError
 from paratrain.fileio import atomic_writer, check_distinct_paths, check_output_path
 from paratrain.sim.limits import check_plot_size
 from paratrain.trace import (
-    TimelineStats,
     TraceEvent,
     check_same_run,
-    duration_variation,
     read_trace,
     run_variation,
     select_step,
@@ -42,11 +40,7 @@ from paratrain.trace import (
     trace_origin,
 )
 
-# The statistics live in paratrain.trace; these names stay importable from here.
-load_trace = read_trace
-
-__all__ = ["register", "compare", "TimelineStats", "timeline_stats", "load_trace", "duration_variation",
-           "run_variation"]
+__all__ = ["register", "compare"]
 
 
 def register(app: typer.Typer) -> None:
