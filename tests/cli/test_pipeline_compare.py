@@ -141,7 +141,7 @@ def test_malformed_events_are_one_line(tmp_path: Path, run_cli, event: dict, key
     assert time.perf_counter() - t0 < 5
 
 
-def test_bad_metadata_and_plot_are_one_line(tmp_path: Path, run_cli) -> None:
+def test_bad_metadata_and_plot_are_one_line(tmp_path: Path, run_cli, monkeypatch) -> None:
     good = tmp_path / "g.json"
     _write_sim_trace(good, "1f1b", 2, 2)
     doc = json.loads(good.read_text())
@@ -152,6 +152,7 @@ def test_bad_metadata_and_plot_are_one_line(tmp_path: Path, run_cli) -> None:
     assert run_cli("compare", str(meta), str(good), "--microbatches", "2")[0] == 0
     # the output path is checked before any work; a timeline too big to draw is refused up front
     assert_one_line_error(*run_cli("compare", str(good), str(good), "--plot", str(tmp_path))[::2], "--plot")
+    monkeypatch.setattr("paratrain.sim.limits.MAX_PLOT_EVENTS", 1500)  # the mechanism, on a small trace
     big = tmp_path / "big.json"
     _write_sim_trace(big, "gpipe", 8, 128)  # 2048 compute events
     png = tmp_path / "big.png"

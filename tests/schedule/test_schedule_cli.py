@@ -112,6 +112,7 @@ def test_sizes_that_cannot_finish_in_seconds_are_refused_up_front(argv: list[str
     import time
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("paratrain.sim.limits.MAX_PLOT_EVENTS", 1500)  # the plot limit's mechanism, small
     t0 = time.perf_counter()
     code, out, err = _run(["schedule", "show", *argv], capsys)
     assert time.perf_counter() - t0 < 5
@@ -127,6 +128,17 @@ def test_the_largest_accepted_size_shows_in_seconds(capsys) -> None:
     code, out, _ = _run(["schedule", "show", "-s", "1f1b", "-p", "64", "-m", "256", "--json"], capsys)
     assert code == 0 and json.loads(out)["actions"] > 90_000
     assert time.perf_counter() - t0 < 15  # ~3 s on one core; generous for a loaded test machine
+
+
+def test_a_medium_schedule_plots_in_seconds(tmp_path, capsys) -> None:
+    import time
+
+    png = tmp_path / "m.png"
+    t0 = time.perf_counter()
+    code, _, err = _run(["schedule", "show", "-s", "1f1b", "-p", "16", "-m", "64", "--plot", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert time.perf_counter() - t0 < 15  # ~1 s here; generous for a loaded test machine
 
 
 def test_a_huge_schedule_file_is_refused_before_parsing(tmp_path, capsys) -> None:
