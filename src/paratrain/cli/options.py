@@ -174,9 +174,10 @@ FIELD_FLAGS: dict[str, str] = {
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def as_flag_error(err: ConfigError) -> ConfigError:
-    """``err`` with its field renamed to the flag that sets it (as is when no flag does)."""
-    flag = FIELD_FLAGS.get(err.field)
+def as_flag_error(err: ConfigError, flags: dict[str, str] = FIELD_FLAGS) -> ConfigError:
+    """``err`` with its field renamed to the flag that sets it (as is when no flag does); ``flags``
+    maps fields to a command's own flags where they differ from the shared ones."""
+    flag = flags.get(err.field)
     return err if flag is None else ConfigError(flag, err.problem, err.fix)
 
 

@@ -17,12 +17,16 @@ from typing import Annotated
 
 import typer
 
-from paratrain.cli.options import JsonOpt, print_json
+from paratrain.cli.options import JsonOpt, as_flag_error, print_json
 from paratrain.errors import ConfigError
 
 __all__ = ["register", "show"]
 
 schedule_app = typer.Typer(help="Pipeline schedules: generate, validate, render.", no_args_is_help=True)
+
+# schedule show names the generator's own parameters (not the parallel layout's --pp, --global-batch)
+_SHOW_FLAGS = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages",
+               "iterations": "--iterations", "schedule": "--schedule"}
 
 
 def register(app: typer.Typer) -> None:
@@ -100,9 +104,7 @@ def show(
                 schedule, stages=stages, microbatches=microbatches, virtual_stages=v, iterations=iterations
             )
         except ConfigError as e:
-            flag = {"stages": "--stages", "microbatches": "--microbatches", "virtual_stages": "--virtual-stages",
-                    "iterations": "--iterations", "schedule": "--schedule"}
-            raise ConfigError(flag.get(e.field, e.field), e.problem, e.fix) from None
+            raise as_flag_error(e, _SHOW_FLAGS) from None
     if plot is not None:  # one box per compute action
         check_plot_size([a for row in sched.actions for a in row if a.is_compute], "--plot")
     check = validate(sched)
