@@ -4,6 +4,7 @@ FLOPs and memory (what ``paratrain cost`` prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,6 +32,11 @@ __all__ = ["OpRow", "LayerTotals", "CostReport", "op_rows", "layer_totals", "cos
 Part = Literal["embedding", "layer", "head"]
 
 
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, in declaration order (the JSON keys of ``paratrain cost``)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 @dataclass(frozen=True)
 class OpRow:
     """One operator on one tensor-parallel rank for one micro-batch; ``count`` is how many times the
@@ -52,13 +58,7 @@ class OpRow:
     bound: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "part": self.part, "name": self.name, "kind": self.kind, "count": self.count,
-            "gemm_mnk": list(self.gemm_mnk) if self.gemm_mnk else None, "gemm_batch": self.gemm_batch,
-            "matmul": self.matmul, "fwd_flops": self.fwd_flops, "bwd_flops": self.bwd_flops,
-            "fwd_bytes": self.fwd_bytes, "bwd_bytes": self.bwd_bytes, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s,
-            "bound": self.bound,
-        }
+        return {**_fields(self), "gemm_mnk": list(self.gemm_mnk) if self.gemm_mnk else None}
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,7 @@ class LayerTotals:
     params_per_rank: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "fwd_flops": self.fwd_flops, "bwd_flops": self.bwd_flops, "matmul_flops": self.matmul_flops,
-            "fwd_bytes": self.fwd_bytes, "bwd_bytes": self.bwd_bytes, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s,
-            "params_per_rank": self.params_per_rank,
-        }
+        return _fields(self)
 
 
 @dataclass(frozen=True)
@@ -117,21 +113,7 @@ class CostReport:
     ops: tuple[OpRow, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model, "device": self.device, "cluster": self.cluster, "tp": self.tp,
-            "microbatch": self.microbatch, "recompute": self.recompute, "sequence_parallel": self.sequence_parallel,
-            "dtype": self.dtype, "fused": self.fused, "params": self.params, "params_per_rank": self.params_per_rank,
-            "matmul_flops_per_sample": self.matmul_flops_per_sample,
-            "model_flops_per_sample": self.model_flops_per_sample,
-            "elementwise_flops_per_sample": self.elementwise_flops_per_sample,
-            "time_per_microbatch_s": self.time_per_microbatch_s, "forward_s": self.forward_s,
-            "backward_s": self.backward_s, "recompute_s": self.recompute_s, "tp_comm_s": self.tp_comm_s,
-            "activation_bytes_per_layer": self.activation_bytes_per_layer, "activation_bytes": self.activation_bytes,
-            "weight_bytes": self.weight_bytes, "grad_bytes": self.grad_bytes, "optimizer_bytes": self.optimizer_bytes,
-            "model_tflops_per_device": self.model_tflops_per_device, "mfu": self.mfu, "peak_flops": self.peak_flops,
-            "per_layer": self.per_layer.to_dict(),
-            "ops": [r.to_dict() for r in self.ops],
-        }
+        return {**_fields(self), "per_layer": self.per_layer.to_dict(), "ops": [r.to_dict() for r in self.ops]}
 
 
 def _row(part: Part, op: Op, device: DeviceSpec, dtype: str, count: int) -> OpRow:
