@@ -215,7 +215,10 @@ def plan_command(
     ] = True,
     memory_limit_gib: Annotated[
         float | None,
-        typer.Option("--memory-limit", help="Usable GiB per GPU (default: the device's).", rich_help_panel=_S),
+        typer.Option(
+            "--memory-limit", help="Usable GiB per GPU (default: the device's memory less its reserve).",
+            rich_help_panel=_S,
+        ),
     ] = None,
     tp_across_nodes: Annotated[
         bool, typer.Option("--tp-across-nodes", help="Allow tp larger than a node.", rich_help_panel=_S)
@@ -288,8 +291,7 @@ def plan_command(
         schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
         tp_across_nodes=tp_across_nodes,
     )
-    # Default: what the device leaves to tensors after its context, buffers and fragmentation.
-    limit = memory_limit_gib * 2**30 if memory_limit_gib else clus.device.usable_memory_bytes
+    limit = memory_limit_gib * 2**30 if memory_limit_gib else None  # None: the device's usable memory
     from paratrain.plan.backend import default_backend
 
     backend = default_backend(simulate=simulate)

@@ -46,7 +46,7 @@ REASONS = {
     "tp_indivisible": "tp does not divide heads / kv-heads / FFN",
     "pp_exceeds_layers": "more pipeline chunks than layers",
     "batch_indivisible": "global batch not divisible by dp × micro-batch",
-    "too_many_microbatches": "more micro-batches per pipeline than the limit (16,384)",
+    "too_many_microbatches": f"more micro-batches per pipeline than the limit ({MAX_MICROBATCHES:,})",
     "schedule_rule": "schedule's rule on stages / micro-batches violated",
     "tp_crosses_nodes": "tensor parallel group larger than a node",
     "partition_mismatch": "pinned partition has another number of chunks",
