@@ -56,8 +56,8 @@ class StepExecutor(Protocol):
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters of the whole model by name (a collective: every rank calls it)."""
 
-    def trace_events(self) -> list[tuple[int, TraceEvent]]:
-        """This rank's measured spans as (step, event), for the run's trace."""
+    def trace_events(self) -> list[TraceEvent]:
+        """This rank's measured spans (each with its step), for the run's trace."""
 
 
 class SingleStageExecutor:
@@ -99,5 +99,5 @@ class SingleStageExecutor:
             out[name.removeprefix("module.")] = full.detach().cpu().clone()
         return out
 
-    def trace_events(self) -> list[tuple[int, TraceEvent]]:
+    def trace_events(self) -> list[TraceEvent]:
         return list(self.tracer.events)

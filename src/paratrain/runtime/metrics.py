@@ -1,6 +1,6 @@
 """Measurements of a real run: per-step metrics (JSON lines), MFU, and a Chrome trace.
 
-Trace format: :mod:`paratrain.trace`, the simulator's own, written by :func:`write_measured_trace`.
+Trace format: :mod:`paratrain.trace`, the simulator's own (each event carries its step).
 Without a pipeline ``pid`` = global rank and events are named like the schedule IR's actions —
 ``F{mb}@c0`` / ``B{mb}@c0`` forward and backward of micro-batch ``mb`` on chunk 0 (the whole model),
 ``R@c0`` one data-parallel gradient bucket's all-reduce (from launch to completion as this rank sees
@@ -12,7 +12,6 @@ wall-clock offsets from an origin rank 0 broadcasts at start-up, so ranks line u
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import IO, Any
@@ -22,9 +21,9 @@ import torch
 from paratrain.cost.compute import model_flops_per_iteration
 from paratrain.fileio import check_output_path
 from paratrain.spec.model import ModelSpec
-from paratrain.trace import TraceEvent, category_of, write_trace
+from paratrain.trace import TraceEvent, category_of
 
-__all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter", "write_measured_trace"]
+__all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter"]
 
 
 def step_mfu(spec: ModelSpec, global_batch: int, step_s: float, peak_flops: float, devices: int) -> float:
@@ -61,7 +60,7 @@ class Tracer:
 
     def __init__(self, rank: int, origin_s: float, enabled: bool) -> None:
         self.rank, self.origin_s, self.enabled = rank, origin_s, enabled
-        self.events: list[tuple[int, TraceEvent]] = []  # (step, event)
+        self.events: list[TraceEvent] = []
         self.step = 0
         # perf_counter is precise but has an arbitrary zero: map it to wall-clock time once.
         self._perf_to_wall = time.time() - time.perf_counter()
@@ -75,8 +74,8 @@ class Tracer:
         if not self.enabled:
             return
         category = category_of(name)
-        self.events.append((self.step, TraceEvent(self.rank, stream, name, self.trace_time(start_s),
-                                                  end_s - start_s, category, microbatch)))
+        self.events.append(TraceEvent(self.rank, stream, name, self.trace_time(start_s), end_s - start_s, category,
+                                      microbatch, self.step))
 
     def span(self, name: str, stream: str = "compute", microbatch: int | None = None) -> _Span:
         return _Span(self, name, stream, microbatch)
@@ -91,14 +90,6 @@ class _Span:
 
     def __exit__(self, *exc: object) -> None:
         self.tracer.record(self.name, self.stream, self.start_s, time.perf_counter(), self.microbatch)
-
-
-def write_measured_trace(path: str, events: list[tuple[int, TraceEvent]], *, metadata: dict[str, Any],
-                         title: str = "") -> None:
-    """All ranks' ``(step, event)`` pairs as one Chrome trace, each event's ``args.step`` its step,
-    written atomically to ``path`` (the ``--trace`` flag) by :func:`paratrain.trace.write_trace`."""
-    write_trace(path, [dataclasses.replace(e, step=step) for step, e in events], field="--trace", title=title,
-                metadata=metadata)
 
 
 class MetricsWriter:

@@ -19,8 +19,7 @@ from .config import TrainConfig
 from .data_parallel import local_tensor
 from .mesh import RuntimeContext
 
-__all__ = ["lr_at", "counts_here", "grad_norm_sq", "global_grad_norm", "clip_grads_", "clip_grad_norm_",
-           "Optimizer"]
+__all__ = ["lr_at", "counts_here", "grad_norm_sq", "global_grad_norm", "clip_grads_", "Optimizer"]
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -76,11 +75,6 @@ def clip_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float)
             if p.grad is not None:
                 local_tensor(p.grad).mul_(coef)
     return float(norm)
-
-
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, ctx: RuntimeContext) -> float:
-    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
-    return clip_grads_(params, global_grad_norm(params, ctx), max_norm)
 
 
 class Optimizer:

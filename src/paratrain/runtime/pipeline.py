@@ -53,7 +53,7 @@ from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
 from paratrain.spec.model import ModelSpec
-from paratrain.trace import TraceEvent
+from paratrain.trace import COMM_CATEGORIES, TraceEvent
 
 from . import faults
 from .config import TrainConfig
@@ -63,7 +63,7 @@ from .executor import StepOutput
 from .mesh import RuntimeContext
 from .metrics import Tracer
 from .models import TransformerLM
-from .optim import Optimizer, counts_here
+from .optim import Optimizer, grad_norm_sq
 from .pipeline_engine import ActionSpan, LocalChunk, PipelineEngine, accumulation_count
 from .tensor_parallel import loss_context
 
@@ -339,17 +339,16 @@ class PipelineExecutor:
 
     def _grad_norm_sq(self) -> torch.Tensor:
         """Squared norm of the gradients this rank counts: replica 0, first holder of a shared
-        parameter (global norm only), first copy along replicated tensor/data-parallel axes."""
-        sq = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # a scalar: fp64 costs nothing
+        parameter (global norm only); :func:`grad_norm_sq` skips copies along replicated axes."""
+        counted = []
         for name, lst in self._copies().items():
             p = next((q for rep, q in lst if rep == 0), None)
-            if p is None or p.grad is None or not counts_here(p, self.ctx):
+            if p is None:
                 continue
             if not self.is_async and self.layout.tie_owner.get(name, self.pp_rank) != self.pp_rank:
                 continue
-            g = local_tensor(p.grad).detach()
-            sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
-        return sq
+            counted.append(p)
+        return grad_norm_sq(counted, self.ctx)
 
     def optimizer_step(self, index: int) -> None:
         record = self.engine.record
@@ -392,14 +391,14 @@ class PipelineExecutor:
                 out.setdefault(k, v)
         return out
 
-    def trace_events(self) -> list[tuple[int, TraceEvent]]:
-        """This rank's measured spans as (step, event), ``pid`` = pipeline rank; empty except at
+    def trace_events(self) -> list[TraceEvent]:
+        """This rank's measured spans, ``pid`` = pipeline rank; empty except at
         data- and tensor-parallel coordinate 0 (one timeline per pipeline rank)."""
         if (self.dp_rank, self.tp_rank) != (0, 0):
             return []
         out = []
         for step, sp in self._step_spans:
-            stream = "comm" if sp.category in ("p2p", "reduce") else "compute"
-            out.append((step, TraceEvent(self.pp_rank, stream, sp.name, self.tracer.trace_time(sp.start_s),
-                                         sp.end_s - sp.start_s, sp.category, sp.microbatch)))
+            stream = "comm" if sp.category in COMM_CATEGORIES else "compute"
+            out.append(TraceEvent(self.pp_rank, stream, sp.name, self.tracer.trace_time(sp.start_s),
+                                  sp.end_s - sp.start_s, sp.category, sp.microbatch, step))
         return out

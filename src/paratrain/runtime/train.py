@@ -36,6 +36,7 @@ from paratrain.fileio import atomic_writer
 from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule.ir import Schedule
 from paratrain.spec.model import ModelSpec
+from paratrain.trace import write_trace
 
 from . import faults
 from .config import DP_IMPLS, TrainConfig, check_host_memory, check_outputs
@@ -43,15 +44,15 @@ from .data import Batch, DataSource, load_corpus
 from .data_parallel import wrap_data_parallel
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
 from .mesh import RuntimeContext, check_model_layout, init_runtime
-from .metrics import MetricsWriter, Tracer, peak_flops_per_device, step_mfu, write_measured_trace
+from .metrics import MetricsWriter, Tracer, peak_flops_per_device, step_mfu
 from .models import build_model
-from .optim import Optimizer, clip_grad_norm_, global_grad_norm, lr_at
+from .optim import Optimizer, global_grad_norm, lr_at
 from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_groups, schedule_for, validate_pipeline
 from .progress import StepConsole
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["TrainConfig", "Trainer", "StepExecutor", "StepOutput", "SingleStageExecutor", "lr_at",
-           "global_grad_norm", "clip_grad_norm_", "validate_run", "check_outputs", "check_host_memory",
+           "global_grad_norm", "validate_run", "check_outputs", "check_host_memory",
            "worker_main", "DP_IMPLS"]
 
 
@@ -201,10 +202,10 @@ class Trainer:
                 gathered = [mine]
             if self.ctx.rank == 0:
                 c = self.config
-                write_measured_trace(self.train.trace, [e for evs in gathered for e in evs],
-                                     metadata=self.trace_metadata(),
-                                     title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp} "
-                                           f"({self.train.dp_impl})")
+                write_trace(self.train.trace, [e for evs in gathered for e in evs], field="--trace",
+                            metadata=self.trace_metadata(),
+                            title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp} "
+                                  f"({self.train.dp_impl})")
 
     def trace_metadata(self) -> dict[str, Any]:
         """What the trace measured: enough to simulate the same run (``paratrain calibrate --from-trace``,
