@@ -5,14 +5,17 @@
 Prints, for GPT-3 175B on 1024 A100-80GB (dgx-a100, global batch 1536, sequence 2048) and for a
 1T-parameter GPT (128 layers, hidden 25600, 160 heads) on 3072 A100-80GB (global batch 3072),
 the wall-clock search time (targets: 10 s and 30 s), the candidates considered and evaluated,
-and the winner with its simulated throughput.
+and the winner with its simulated throughput. The cluster carries the A100's fitted calibration, as
+``paratrain plan`` applies it by default.
 """
 
 from __future__ import annotations
 
 import time
 
+from paratrain.plan.calibrated import FITTED_BY_DEVICE
 from paratrain.plan.search import plan
+from paratrain.plan.validate import with_calibration
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.model import preset
 
@@ -26,6 +29,7 @@ def main() -> None:
     for name, gpus, batch, target_s in PROBLEMS:
         model = preset(name)
         cluster = resolve_cluster("dgx-a100", gpus=gpus)
+        cluster = with_calibration(cluster, FITTED_BY_DEVICE[cluster.device.name])
         start = time.perf_counter()
         res = plan(model, cluster, batch)
         wall = time.perf_counter() - start

@@ -74,6 +74,8 @@ _FILES = {
     "clu_link.json": lambda d: '{"preset": "dgx-a100", "intra_link": 5}',
     "clu_nodes.json": lambda d: '{"preset": "dgx-a100", "nodes": 100000000}',
     "clu_list.json": lambda d: "[1, 2]",
+    "clu_tp_runtime.json": lambda d: '{"preset": "cpu", "tensor_parallel": "deepspeed"}',
+    "clu_tp_table.json": lambda d: '{"preset": "cpu", "measured_collectives": [["all_reduce", 4, 4096]]}',
     "mod_nan.json": lambda d: '{"preset": "gpt2", "hidden": NaN}',
     "mod_list.json": lambda d: "[1, 2]",
     "mod_ok.json": lambda d: '{"preset": "gpt3-1.3b"}',
@@ -161,6 +163,8 @@ CASES = [
     ("cost-cluster-link-int", ["cost", *M, "--cluster", "{tmp}/clu_link.json"], "intra_link"),
     ("cost-cluster-nodes-huge", ["cost", *M, "--cluster", "{tmp}/clu_nodes.json"], "exceed the limit"),
     ("cost-cluster-list", ["cost", *M, "--cluster", "{tmp}/clu_list.json"], "mapping"),
+    ("cost-cluster-tp-runtime", ["cost", *M, "--cluster", "{tmp}/clu_tp_runtime.json"], "tensor_parallel"),
+    ("cost-cluster-tp-table", ["cost", *M, "--cluster", "{tmp}/clu_tp_table.json"], "measured_collectives[0]"),
     # simulate
     ("simulate-gpus-huge", ["simulate", *M, "--gpus", "1000000000"], "limit"),
     ("simulate-batch-huge", [*SIM[:-2], "--global-batch", "1000000000"], "limit"),
@@ -307,6 +311,24 @@ CASES = [
                                          "{tmp}/calibration_preset.json"], "not a preset"),
     ("calibrate-threads-with-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--threads", "2"],
      "--threads"),
+    # gradient compression (issue 14)
+    ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
+    ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),
+    ("train-density-above-one", ["train", "--compress", "oktopk", "--density", "1.5"], "--density"),
+    ("train-density-nan", ["train", "--compress", "topka", "--density", "nan"], "--density"),
+    ("train-compress-fsdp", ["train", "--compress", "oktopk", "--dp", "2", "--nproc", "2", "--optimizer-sharding"],
+     "--compress"),
+    ("train-compress-ddp", ["train", "--compress", "oktopk", "--dp", "2", "--nproc", "2", "--dp-impl", "ddp"],
+     "--compress"),
+    ("train-gtopk-dp3", ["train", "--compress", "gtopk", "--dp", "3", "--nproc", "3"], "power-of-two"),
+    ("train-compress-async", ["train", "--compress", "oktopk", "--dp", "2", "--pp", "2", "--nproc", "4",
+                              "--schedule", "pipedream"], "asynchronously"),
+    ("train-compress-warmup-negative", ["train", "--compress", "oktopk", "--compress-warmup", "-1"],
+     "--compress-warmup"),
+    ("simulate-density-zero", ["simulate", "--model", "gpt2", "--gpus", "8", "--dp", "8", "--compress", "oktopk",
+                               "--density", "0"], "--density"),
+    ("plan-compress-unknown", ["plan", "--model", "gpt2", "--gpus", "8", "-b", "64", "--compress", "dgc"],
+     "--compress"),
 ]
 
 

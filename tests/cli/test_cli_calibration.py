@@ -7,7 +7,7 @@ import json
 from tests.conftest import assert_one_line_error
 
 from paratrain.cli.options import apply_calibration
-from paratrain.plan.calibrated import VTRAIN_A100
+from paratrain.plan.calibrated import FITTED_A100, VTRAIN_A100
 from paratrain.spec.cluster import resolve_cluster
 
 ARGS = [
@@ -37,11 +37,16 @@ def test_apply_calibration_sets_the_fitted_figures():
     assert cal.device.gemm_efficiency == VTRAIN_A100.gemm_efficiency
     assert cal.device.host_issue_s == VTRAIN_A100.host_issue_s
     assert cal.intra_link.bandwidth_Bps == VTRAIN_A100.intra_bandwidth_Bps
-    assert apply_calibration(base, None) is base
+    assert apply_calibration(base, "none") is base
+    # By default the device preset's own fitted calibration (paratrain validate all --fit).
+    default = apply_calibration(base, None)
+    assert default.device.gemm_efficiency == FITTED_A100.gemm_efficiency
+    assert default.device.attention_efficiency == FITTED_A100.attention_efficiency
+    assert apply_calibration(resolve_cluster("cpu", gpus=2), None).device == resolve_cluster("cpu", gpus=2).device
 
 
 def test_simulate_with_calibration_changes_the_prediction(run_cli):
-    code, out, _ = run_cli("simulate", *ARGS)
+    code, out, _ = run_cli("simulate", *ARGS, "--calibration", "none")
     assert code == 0
     code, out_cal, _ = run_cli("simulate", *ARGS, "--calibration", "vtrain-a100")
     assert code == 0

@@ -16,9 +16,11 @@ from paratrain.spec.model import preset
 
 def test_json_keys_and_values(run_cli) -> None:
     code, out, err = run_cli("cost", "--model", "gpt3-175b", "--device", "a100-80gb", "--tp", "8",
-                             "--microbatch", "1", "--recompute", "selective", "--sequence-parallel", "--json")
+                             "--microbatch", "1", "--recompute", "selective", "--sequence-parallel",
+                             "--attention", "math", "--json")  # Korthikanti's closed forms: explicit s×s
     assert code == 0, err
     doc = json.loads(out)
+    assert doc["attention"] == "math"
     m = preset("gpt3-175b")
     assert doc["params"] == m.param_count()
     assert doc["matmul_flops_per_sample"] == matmul_flops_per_iteration(m, 1, "selective")

@@ -23,12 +23,14 @@ DGX = resolve_cluster("dgx-a100", nodes=16)
 GPT = preset("gpt3-13b")  # 40 layers, tied embeddings
 
 
-def test_one_chunk_equals_the_sum_of_its_operators() -> None:
-    cfg = ParallelConfig(microbatch=2)
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_one_chunk_equals_the_sum_of_its_operators(attention: str) -> None:
+    cfg = ParallelConfig(microbatch=2, attention=attention)
     (c,) = chunk_costs(GPT, DGX, cfg)
     dev = DGX.device
     kw = dict(microbatch=2, dtype="bf16")
-    parts = [(1, embedding_ops(GPT, **kw)), (GPT.layers, layer_ops(GPT, **kw)), (1, head_ops(GPT, **kw))]
+    layer = layer_ops(GPT, attention=attention, **kw)
+    parts = [(1, embedding_ops(GPT, **kw)), (GPT.layers, layer), (1, head_ops(GPT, **kw))]
     fwd = sum(n * sum(op_time_split(o, dev, "bf16")[0] for o in ops) for n, ops in parts)
     bwd_in = sum(n * sum(op_time_split(o, dev, "bf16")[1] for o in ops) for n, ops in parts)
     bwd_w = sum(n * sum(op_time_split(o, dev, "bf16")[2] for o in ops) for n, ops in parts)
@@ -84,7 +86,8 @@ def test_optimizer_sharding_and_reduce_bytes(dp: int) -> None:
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_p2p_and_activation_bytes(sp: bool) -> None:
-    cfg = ParallelConfig(pp=4, tp=4, microbatch=2, sequence_parallel=sp, recompute="selective", global_batch=8)
+    cfg = ParallelConfig(pp=4, tp=4, microbatch=2, sequence_parallel=sp, recompute="selective", global_batch=8,
+                         attention="math")
     cc = chunk_costs(GPT, DGX, cfg)
     assert all(c.p2p_bytes == 2 * GPT.seq * GPT.hidden * 2 // (4 if sp else 1) for c in cc)
     mid = cc[1]
@@ -94,7 +97,7 @@ def test_p2p_and_activation_bytes(sp: bool) -> None:
 
 
 def test_recomputation_times() -> None:
-    base = dict(pp=4, tp=8, global_batch=4)
+    base = dict(pp=4, tp=8, global_batch=4, attention="math")  # selective recomputes the explicit s×s core
     none, sel, full = (chunk_costs(GPT, DGX, ParallelConfig(recompute=r, **base))[1] for r in
                        ("none", "selective", "full"))
     assert none.recompute_s == 0

@@ -40,9 +40,12 @@ _COMMAND_MODULES = (
     "plan",
     "validate",
     "train",
+    "checkpoint",
+    "data",
     "compare",
     "calibrate",
     "demo",
+    "cluster",
 )
 
 for _name in _COMMAND_MODULES:

@@ -26,7 +26,7 @@ from paratrain.cli.options import JsonOpt, print_json, progress_bar
 from paratrain.errors import ConfigError
 from paratrain.fileio import atomic_write_text, check_distinct_paths, check_output_path
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path
-from paratrain.spec.device import cpu_calibration_path
+from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 from paratrain.spec.device import from_document as device_from_document
 
 if TYPE_CHECKING:
@@ -82,6 +82,22 @@ def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
           f"duration_cv {device.duration_cv:.3f} -> {cv:.3f}; wrote {target}")
 
 
+def tp_lines(rows: list[list[str | int | float]], device: DeviceSpec) -> list[str]:
+    """The tensor-parallel measurements as printed: one line per collective kind and group size."""
+    by: dict[tuple[str, int], list[str]] = {}
+    for kind, group, nbytes, seconds in rows:
+        by.setdefault((str(kind), int(group)), []).append(f"{_kib(int(nbytes))} {float(seconds) * 1e3:.2f} ms")
+    out = [f"tensor-parallel {kind.replace('_', '-')} over {group} processes after a GEMM (lockstep): "
+           + ", ".join(v) for (kind, group), v in by.items()]
+    out.append(f"DTensor dispatch per tensor-parallel module: forward {device.tp_dispatch_forward_s * 1e6:.0f} us, "
+               f"backward {device.tp_dispatch_backward_s * 1e6:.0f} us")
+    return out
+
+
+def _kib(n: int) -> str:
+    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
+
+
 def calibrate(
     out: Annotated[Path | None, typer.Option("--out", help="Write the device JSON here instead.")] = None,
     threads: Annotated[int | None, typer.Option(
@@ -129,7 +145,8 @@ def calibrate(
         m, comm = measure_machine(procs, threads, progress)
     device = device_from_measurement(m)
     cluster_doc = (
-        links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads)
+        links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads,
+                       comm.get("measured_collectives", ()))
         if comm is not None else None
     )
     atomic_write_text(target, json.dumps(device.to_dict(), indent=2) + "\n", "--out")
@@ -167,6 +184,8 @@ def calibrate(
               f"beta {cluster_doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s")
         ar = ", ".join(f"{int(k)} B {v * 1e6:.0f} us" for k, v in cluster_doc["allreduce_s_by_bytes"].items())
         print(f"gloo all-reduce over {procs} processes: {ar}")
+        for line in tp_lines(cluster_doc["measured_collectives"], device):
+            print(line)
         print(f"wrote {target} and {links} in {elapsed:.1f} s")
     else:
         print(f"wrote {target} in {elapsed:.1f} s")

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.cli.options import (
+    AttentionOpt,
     FfnOpt,
     HeadsOpt,
     HiddenOpt,
@@ -78,6 +79,7 @@ def cost(
     sequence_parallel: SequenceParallelOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Training dtype (default: the model's).")] = None,
     fused: Annotated[bool, typer.Option("--fused", help="Model fused element-wise kernels.")] = False,
+    attention: AttentionOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
@@ -86,7 +88,8 @@ def cost(
     if dt not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
         raise ConfigError("--dtype", f"unknown dtype {dt!r}", "use one of: fp32, tf32, bf16, fp16, fp8")
     config = parallel_from_opts(
-        tp=tp, microbatch=microbatch, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dt
+        tp=tp, microbatch=microbatch, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dt,
+        attention=attention,
     )
     # Sequence parallelism is reported as asked, even where tp = 1 makes it a no-op.
     report = cost_report(
@@ -114,7 +117,7 @@ def _print_tables(rep: CostReport, layers: int) -> None:
     con = Console() if sys.stdout.isatty() else Console(width=150)
     title = (f"{rep.model} on {rep.device}: tp={rep.tp} micro-batch={rep.microbatch} "
              f"recompute={rep.recompute} sp={rep.sequence_parallel} {rep.dtype}"
-             f"{' fused' if rep.fused else ''} (one TP rank)")
+             f"{' fused' if rep.fused else ''} {rep.attention} attention (one TP rank)")
     t = Table(title=title)
     for col in ("part", "operator", "GEMM m×n×k", "fwd GFLOP", "bwd GFLOP", "fwd bytes", "bwd bytes",
                 "fwd time", "bwd time", "bound"):

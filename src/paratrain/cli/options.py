@@ -42,8 +42,11 @@ __all__ = [
     "RecomputeOpt",
     "SequenceParallelOpt",
     "OptimizerShardingOpt",
+    "CompressOpt",
+    "DensityOpt",
     "MeshOrderOpt",
     "PartitionOpt",
+    "AttentionOpt",
     "FIELD_FLAGS",
     "as_flag_error",
     "flag_errors",
@@ -88,7 +91,8 @@ CalibrationOpt = Annotated[
     str | None,
     typer.Option(
         "--calibration",
-        help="Apply fitted efficiencies to the cluster: vtrain-a100 (fitted on measured Megatron-DeepSpeed runs).",
+        help="Efficiencies applied to the cluster. Default: the device's fitted calibration (fitted-a100, "
+        "fitted-h100: paratrain validate all); none: the presets as they are; vtrain-a100: fitted on vTrain alone.",
         rich_help_panel=_C,
     ),
 ]
@@ -141,12 +145,30 @@ OptimizerShardingOpt = Annotated[
         rich_help_panel=_P,
     ),
 ]
+CompressOpt = Annotated[
+    str | None,
+    typer.Option("--compress", help="Gradient compression over dp: none, oktopk, topka, gtopk, gaussiank, "
+                 "powersgd (see README, Gradient compression).", rich_help_panel=_P),
+]
+DensityOpt = Annotated[
+    float | None,
+    typer.Option("--density", help="Fraction of the gradient a sparse compressor keeps, in (0, 1] "
+                 "(default 0.01).", rich_help_panel=_P),
+]
 MeshOrderOpt = Annotated[
     str | None,
     typer.Option("--mesh-order", help="Mesh axes outermost first, e.g. pp,dp,tp.", rich_help_panel=_P),
 ]
 PartitionOpt = Annotated[
     str | None, typer.Option("--partition", help="Layers per chunk, e.g. 13,12,12,11.", rich_help_panel=_P)
+]
+AttentionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--attention",
+        help="Attention kernels: flash (fused) or math (explicit s×s); default: the device's (flash on A100/H100).",
+        rich_help_panel=_P,
+    ),
 ]
 
 # The flag that sets each field the library names in a ConfigError.
@@ -161,8 +183,11 @@ FIELD_FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "sequence_parallel": "--sequence-parallel",
     "optimizer_sharding": "--optimizer-sharding",
+    "compression": "--compress",
+    "compression_density": "--density",
     "mesh_order": "--mesh-order",
     "partition": "--partition",
+    "attention": "--attention",
     "cluster.gpus": "--gpus",
     "cluster.nodes": "--nodes",
     "sweep": "--sweep",
@@ -219,15 +244,21 @@ def resolve_cluster_opts(
 
 
 def apply_calibration(cluster: ClusterSpec, name: str | None) -> ClusterSpec:
-    """``cluster`` with a named calibration's device efficiencies and link figures (``None``: as is)."""
-    if name is None:
-        return cluster
+    """``cluster`` with a named calibration's device efficiencies and link figures; ``None``: the
+    device preset's fitted calibration where it has one; ``"none"``: as is."""
     from paratrain.errors import ConfigError
-    from paratrain.plan.calibrated import CALIBRATIONS
+    from paratrain.plan.calibrated import CALIBRATIONS, FITTED_BY_DEVICE
     from paratrain.plan.validate import with_calibration
 
+    if name is None:
+        fitted = FITTED_BY_DEVICE.get(cluster.device.name)
+        return cluster if fitted is None else with_calibration(cluster, fitted)
+    if name == "none":
+        return cluster
     if name not in CALIBRATIONS:
-        raise ConfigError("--calibration", f"unknown calibration {name!r}", f"use one of: {', '.join(CALIBRATIONS)}")
+        raise ConfigError(
+            "--calibration", f"unknown calibration {name!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
+        )
     return with_calibration(cluster, CALIBRATIONS[name])
 
 
@@ -266,9 +297,12 @@ def parallel_from_opts(
     recompute: str | None = None,
     sequence_parallel: bool | None = None,
     optimizer_sharding: bool | None = None,
+    compression: str | None = None,
+    compression_density: float | None = None,
     mesh_order: str | None = None,
     partition: str | None = None,
     dtype: str | None = None,
+    attention: str | None = None,
 ) -> ParallelConfig:
     """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
     if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
@@ -283,9 +317,12 @@ def parallel_from_opts(
         recompute=recompute,
         sequence_parallel=sequence_parallel,
         optimizer_sharding=optimizer_sharding,
+        compression=compression,
+        compression_density=compression_density,
         mesh_order=parse_mesh_order(mesh_order),
         partition=parse_ints("--partition", partition),
         dtype=dtype,
+        attention=attention,
     )
     given = {k: v for k, v in kw.items() if v is not None}
     if base is not None:

@@ -16,8 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.cli.options import (
+    AttentionOpt,
     CalibrationOpt,
     ClusterOpt,
+    DensityOpt,
     DeviceOpt,
     DpOpt,
     FfnOpt,
@@ -95,6 +97,15 @@ def _enum(cls: Any, flag: str, value: str | None) -> Any:
         raise ConfigError(flag, f"unknown value {value!r}", f"use one of: {', '.join(m.value for m in cls)}") from None
 
 
+def _compressions(name: str | None, density: float | None) -> tuple[str, ...]:
+    """Dense all-reduce, and the compressor ``--compress`` names to weigh against it."""
+    from paratrain.parallel.config import ParallelConfig
+
+    # checked as the runtime checks them (unknown name, density outside (0, 1])
+    ParallelConfig(compression=name or "none", compression_density=density if density is not None else 0.01)
+    return ("none",) if name in (None, "none") else ("none", name)
+
+
 def _console() -> Console:
     # The ranking has 18 columns: give it room when the output is a file or a pipe.
     c = Console()
@@ -170,11 +181,13 @@ def print_ranking(console: Console, result: PlanResult, top: int) -> None:
 
 
 def print_winner(console: Console, model: ModelSpec, cluster: ClusterSpec, result: PlanResult) -> None:
-    from paratrain.plan.report import winner_breakdown
+    from paratrain.plan.report import winner_breakdown, winner_plausibility
 
     console.print("[bold]Winner[/bold]")
     for k, v in winner_breakdown(model, cluster, result.winner, result.capacity_bytes):
         console.print(f"  {k:<28} {v}")
+    for w in winner_plausibility(model, cluster, result.winner):
+        console.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
 
 
 def plan_command(
@@ -200,6 +213,11 @@ def plan_command(
     recompute: RecomputeOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    compress: Annotated[str | None, typer.Option("--compress", help="Also weigh this gradient compressor "
+                        "(oktopk, topka, gtopk, gaussiank, powersgd) against dense all-reduce where dp > 1.",
+                        rich_help_panel=_S)] = None,
+    density: DensityOpt = None,
+    attention: AttentionOpt = None,
     mesh_order: MeshOrderOpt = None,
     partition: PartitionOpt = None,
     schedules: Annotated[
@@ -290,6 +308,9 @@ def plan_command(
         partition=parse_ints("--partition", partition),
         schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
         tp_across_nodes=tp_across_nodes,
+        attention=attention,
+        compressions=_compressions(compress, density),
+        compression_density=density if density is not None else 0.01,
     )
     limit = memory_limit_gib * 2**30 if memory_limit_gib else None  # None: the device's usable memory
     from paratrain.plan.backend import default_backend

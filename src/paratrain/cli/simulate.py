@@ -19,7 +19,10 @@ from typing import Annotated, Any
 import typer
 
 from paratrain.cli.options import (
+    AttentionOpt,
     CalibrationOpt,
+    CompressOpt,
+    DensityOpt,
     DeviceOpt,
     DpOpt,
     FfnOpt,
@@ -116,6 +119,9 @@ def simulate(
     recompute: RecomputeOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    compress: CompressOpt = None,
+    density: DensityOpt = None,
+    attention: AttentionOpt = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
@@ -178,6 +184,9 @@ def simulate(
         recompute=recompute,
         sequence_parallel=sequence_parallel,
         optimizer_sharding=optimizer_sharding,
+        compression=compress,
+        compression_density=density,
+        attention=attention,
     )
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from paratrain.cli.options import (
+    CompressOpt,
+    DensityOpt,
     DpOpt,
     FfnOpt,
     GlobalBatchOpt,
@@ -39,6 +41,7 @@ from paratrain.errors import ConfigError, require_finite
 _P = "Parallel layout"
 _T = "Training"
 _O = "Output"
+_C = "Checkpointing"
 
 
 def register(app: typer.Typer) -> None:
@@ -75,6 +78,10 @@ def train(
     global_batch: GlobalBatchOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    compress: CompressOpt = None,
+    density: DensityOpt = None,
+    compress_warmup: Annotated[int, typer.Option("--compress-warmup", help="Dense steps before --compress "
+                               "starts.", rich_help_panel=_P)] = 5,
     dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
                        "overlapped), ddp (torch DDP), fsdp (FSDP2; default with --optimizer-sharding).",
                        rich_help_panel=_P)] = None,
@@ -96,6 +103,10 @@ def train(
                                        rich_help_panel=_T)] = False,
     data: Annotated[str, typer.Option("--data", help="'stdlib' (the Python standard library's .py files), "
                     "'synthetic', or a file/directory.", rich_help_panel=_T)] = "stdlib",
+    task: Annotated[str, typer.Option("--task", help="gpt (the --model on the byte corpus) or image (a small CNN "
+                    "on the image folder --data, data parallelism only).", rich_help_panel=_T)] = "gpt",
+    loader_workers: Annotated[int, typer.Option("--loader-workers", help="DataLoader worker processes of "
+                              "--task image (0: load in the training process).", rich_help_panel=_T)] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a silent peer or unreachable "
                        "rendezvous ends the job.", rich_help_panel=_T)] = 300.0,
     metrics: Annotated[str | None, typer.Option("--metrics", help="JSON line per step (rank 0; '{rank}' in the "
@@ -104,6 +115,18 @@ def train(
                                               rich_help_panel=_O)] = None,
     save_final: Annotated[str | None, typer.Option("--save-final", help="torch.save the final unsharded "
                           "parameters here (rank 0).", rich_help_panel=_O)] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option("--checkpoint-dir", help="Write checkpoints (DCP, "
+                              "two-phase, CheckFreq) under this directory; the last step is always saved.",
+                              rich_help_panel=_C)] = None,
+    checkpoint_every: Annotated[str, typer.Option("--checkpoint-every", help="auto (tuned to cost at most "
+                                "--checkpoint-overhead of step time), N (steps) or Ns (seconds).",
+                                rich_help_panel=_C)] = "auto",
+    checkpoint_overhead: Annotated[float, typer.Option("--checkpoint-overhead", help="auto's bound on "
+                                   "checkpointing's share of step time.", rich_help_panel=_C)] = 0.035,
+    keep: Annotated[int, typer.Option("--keep", help="Complete checkpoints kept, newest first (0: all).",
+                                      rich_help_panel=_C)] = 2,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete checkpoint in "
+                      "--checkpoint-dir (checksums verified; any dp/tp/pp layout).", rich_help_panel=_C)] = False,
     log_every: Annotated[int, typer.Option("--log-every", help="Print every N-th step.", rich_help_panel=_O)] = 1,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Rich progress bar on rank 0.",
                                            rich_help_panel=_O)] = True,
@@ -123,7 +146,8 @@ def train(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
     pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
                               optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
-                              schedule=schedule, virtual_stages=virtual_stages)
+                              schedule=schedule, virtual_stages=virtual_stages, compression=compress,
+                              compression_density=density)
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")
@@ -137,13 +161,24 @@ def train(
 
     tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
                        data=data, dp_impl=impl, bucket_bytes=int(bucket_mb * 2**20), metrics=metrics, trace=trace,
-                       save_final=save_final, prefetch_receives=prefetch_receives,
-                       timeout_s=timeout, log_every=log_every, progress=progress)
+                       save_final=save_final, prefetch_receives=prefetch_receives, compress_warmup=compress_warmup,
+                       timeout_s=timeout, log_every=log_every, progress=progress, task=task,
+                       loader_workers=loader_workers, checkpoint_dir=checkpoint_dir,
+                       checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                       checkpoint_overhead=checkpoint_overhead)
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if nproc is not None and under_launcher:
         raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
                           "drop --nproc when running under torchrun")
-    from paratrain.runtime.config import check_host_memory, check_model_layout, check_outputs, check_world_size
+    from paratrain.runtime.config import (
+        check_checkpointing,
+        check_compression,
+        check_host_memory,
+        check_model_layout,
+        check_outputs,
+        check_task,
+        check_world_size,
+    )
     from paratrain.schedule import check_rules
 
     # Before torch's import (seconds): the launcher and each worker check the whole run again.
@@ -155,6 +190,9 @@ def train(
         check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
                     virtual_stages=pcfg.virtual_stages)
     check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    check_task(pcfg, tcfg)
+    check_compression(pcfg, tcfg)
+    check_checkpointing(pcfg, tcfg)
     check_outputs(tcfg)
     if launching:
         from paratrain.runtime.launch import Interrupted, LaunchError, launch

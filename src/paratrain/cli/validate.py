@@ -2,9 +2,15 @@
 
     paratrain validate vtrain-multi --plot multi.png
     paratrain validate vtrain-single --fit --lut vtrain-a100
+    paratrain validate all --loso --plot sources.png
+    paratrain validate public-runs --calibration none
 
 ``vtrain-multi``, ``vtrain-single`` and ``vtrain-a100`` name the measured runs and all-reduce tables
-shipped in ``paratrain/data/vtrain/`` (any CSV in the same format works too).
+shipped in ``paratrain/data/vtrain/`` (any CSV in the same format works too). ``public-runs`` is the
+table of published runs in ``paratrain/data/publicruns/``; ``all`` is every source at once (vTrain's
+single-node file, every 8th row, its multi-node file, the public runs), reported per source, with
+the per-device calibrations fitted on them (``--fit``) and checked by leave-one-source-out cross
+validation (``--loso``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ __all__ = ["register", "validate_command", "BUILTIN_DATA", "BUILTIN_LUTS"]
 # Data shipped with the package, by name (paths inside paratrain/data/vtrain).
 BUILTIN_DATA = {"vtrain-multi": "ground_truth_multi.csv", "vtrain-single": "ground_truth_single.csv"}
 BUILTIN_LUTS = {"vtrain-a100": "allreduce_lut/a100"}
+SOURCE_SETS = ("public-runs", "all")
+_VTRAIN_SINGLE_STRIDE = 8  # every 8th of the 1,440 single-node rows: 180, as many as the other sources' rows
 _MAX_EVALUATIONS = 10_000  # each evaluation predicts every fitted run: hours past this
 
 
@@ -169,7 +177,7 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
         f"fitted on {len(subset)} of {len(runs)} runs of {data} ({report['evaluations']} evaluations)", soft_wrap=True
     )
     for k, v in cal.to_dict().items():
-        con.print(f"  {k:<22} {v:.6g}")
+        con.print(f"  {k:<22} {v:.6g}" if v is not None else f"  {k:<22} - (the device's)")
     s = doc["summary_all_rows"]
     con.print(f"all {s['rows']} runs: mean |error| {s['mean_abs_error_pct']:.1f}%, max {s['max_abs_error_pct']:.1f}%")
 
@@ -177,12 +185,21 @@ def _fit(data: Path, runs: list, cluster: Any, lut: Path | None, evaluations: in
 def validate_command(
     data: Annotated[
         Path,
-        typer.Argument(help="CSV of measured runs (vTrain ground-truth format), or vtrain-multi / vtrain-single."),
+        typer.Argument(
+            help="CSV of measured runs (vTrain format), or vtrain-multi / vtrain-single / public-runs / all."
+        ),
     ],
     cluster: ClusterOpt = "dgx-a100",
-    calibration: Annotated[str, typer.Option("--calibration", help="vtrain-a100 (fitted) or none (presets).")] = (
-        "vtrain-a100"
-    ),
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="vtrain-a100 (default for vTrain CSVs), fitted (default for public-runs / all: per device) or none.",
+        ),
+    ] = None,
+    loso: Annotated[
+        bool, typer.Option("--loso", help="public-runs / all: add leave-one-source-out cross validation.")
+    ] = False,
     engine: Annotated[str, typer.Option("--engine", help="sim (simulator) or analytic (closed forms).")] = "sim",
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a scatter plot PNG.")] = None,
     rows: Annotated[int, typer.Option("--rows", help="Rows of the per-run table (largest errors first).")] = 15,
@@ -199,6 +216,15 @@ def validate_command(
     from paratrain.plan.validate import errors_pct, parse_vtrain_csv, predict, summary
 
     # Every flag is checked before the first prediction.
+    if str(data) in SOURCE_SETS:
+        _validate_sources(str(data), calibration or "fitted", loso, fit_params, plot, rows, evaluations, lut,
+                          json_out)
+        return
+    if loso:
+        raise ConfigError("--loso", "needs several sources", f"use it with {' or '.join(SOURCE_SETS)}")
+    calibration = calibration or "vtrain-a100"
+    if calibration == "fitted":  # vTrain's runs are all on A100
+        calibration = "fitted-a100"
     if rows < 0:
         raise ConfigError("--rows", f"must be at least 0, got {rows}", "e.g. --rows 15")
     if not 1 <= evaluations <= _MAX_EVALUATIONS:
@@ -293,5 +319,205 @@ def validate_command(
         f"{summ['median_abs_error_pct']:.1f}%, max {summ['max_abs_error_pct']:.1f}%, mean signed error "
         f"{summ['mean_error_pct']:+.1f}% (calibration {calibration}, engine {engine})"
     )
+    if plot is not None:
+        con.print(f"wrote {plot}")
+
+
+def _source_samples(name: str) -> tuple[list[Any], list[tuple[int, str, str]]]:
+    from paratrain.data import DATA_DIR, vtrain_path
+    from paratrain.plan.crossval import public_samples, vtrain_samples
+    from paratrain.plan.publicruns import parse_public_runs
+    from paratrain.plan.validate import parse_vtrain_csv
+
+    path = DATA_DIR / "publicruns" / "h100_a100_public_runs.csv"
+    public = parse_public_runs(path.read_text(encoding="utf-8"), path.name)
+    samples = public_samples(public.runs)
+    if name == "all":
+        single = parse_vtrain_csv(vtrain_path("ground_truth_single.csv").read_text(encoding="utf-8-sig"))
+        multi = parse_vtrain_csv(vtrain_path("ground_truth_multi.csv").read_text(encoding="utf-8-sig"))
+        samples += vtrain_samples(single[::_VTRAIN_SINGLE_STRIDE], "vtrain-single")
+        samples += vtrain_samples(multi, "vtrain-multi")
+    return samples, list(public.skipped)
+
+
+def _source_calibrations(calibration: str) -> dict[str, Any]:
+    from paratrain.plan.calibrated import CALIBRATIONS, FITTED_A100, FITTED_H100
+
+    if calibration == "fitted":
+        return {"a100": FITTED_A100, "h100": FITTED_H100}
+    if calibration == "none":
+        return {}
+    if calibration in ("vtrain-a100", "vtrain-a100-links"):
+        return {"a100": CALIBRATIONS[calibration]}
+    raise ConfigError("--calibration", f"{calibration!r} does not apply to {', '.join(SOURCE_SETS)}",
+                      "use fitted, none or vtrain-a100")
+
+
+def _by_source(samples: list[Any], errors: list[float]) -> dict[str, dict[str, Any]]:
+    from paratrain.plan.validate import summary
+
+    groups: dict[str, list[tuple[Any, float]]] = {}
+    for s, e in zip(samples, errors, strict=True):
+        groups.setdefault(s.source, []).append((s, e))
+    return {
+        src: {"devices": sorted({s.device for s, _ in pairs}), **summary([e for _, e in pairs])}
+        for src, pairs in sorted(groups.items())
+    }
+
+
+def _source_scatter(path: Path, samples: list[Any], predicted: list[float], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paratrain.fileio import atomic_writer
+
+    fig, ax = plt.subplots(figsize=(7.5, 6))
+    sources = sorted({s.source for s in samples})
+    cmap = plt.get_cmap("tab10")
+    markers = {"a100": "o", "h100": "^"}
+    for i, src in enumerate(sources):
+        for dev, marker in markers.items():
+            pts = [(s.measured_s, p) for s, p in zip(samples, predicted, strict=True)
+                   if s.source == src and s.device == dev]
+            if pts:
+                ax.scatter([m for m, _ in pts], [p for _, p in pts], s=16, marker=marker, color=cmap(i % 10),
+                           label=f"{src} ({dev.upper()})", alpha=0.8)
+    meas = [s.measured_s for s in samples]
+    lo, hi = min(meas + predicted) * 0.8, max(meas + predicted) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.6)
+    ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(title, fontsize=8, wrap=True)
+    ax.legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    try:
+        with atomic_writer(path, "--plot", binary=True) as fh:
+            fig.savefig(fh, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def _validate_sources(
+    name: str, calibration: str, loso: bool, fit_params: bool, plot: Path | None, rows: int, evaluations: int,
+    lut: Path | None, json_out: bool,
+) -> None:
+    """Several sources at once: per-source errors, the per-device fit, leave-one-source-out."""
+    from paratrain.plan.crossval import cross_validate, fit_device, predict_samples, start_calibration
+    from paratrain.plan.validate import summary
+    from paratrain.spec.cluster import resolve_cluster
+
+    if rows < 0:
+        raise ConfigError("--rows", f"must be at least 0, got {rows}", "e.g. --rows 15")
+    if not 1 <= evaluations <= _MAX_EVALUATIONS:
+        raise ConfigError(
+            "--evaluations", f"must be in 1..{_MAX_EVALUATIONS:,}, got {evaluations:,}", "e.g. --evaluations 40"
+        )
+    if lut is not None:
+        raise ConfigError("--lut", f"is not used with {name}", "drop --lut")
+    if fit_params and (loso or plot is not None):
+        raise ConfigError("--fit", "prints the fitted calibrations only", "drop --loso / --plot, or drop --fit")
+    cals = _source_calibrations(calibration)
+    if plot is not None:
+        from paratrain.fileio import check_output_path
+
+        check_output_path(plot, "--plot")
+    samples, skipped = _source_samples(name)
+    clusters = {"a100": resolve_cluster("dgx-a100"), "h100": resolve_cluster("dgx-h100")}
+    starts = {d: start_calibration(c) for d, c in clusters.items()}
+    if fit_params:
+        doc: dict[str, Any] = {}
+        with progress_bar("fitting", json_out) as tick:
+            for i, dev in enumerate(sorted(clusters)):
+                tick(i, len(clusters), dev)
+                cal, report = fit_device([s for s in samples if s.device == dev], starts[dev], clusters,
+                                         max_evaluations=evaluations)
+                doc[dev] = {"calibration": cal.to_dict(), "fit": report}
+        if json_out:
+            print_json(doc)
+            return
+        con = Console()
+        for dev, d in doc.items():
+            con.print(f"{dev}: fitted on {d['fit']['rows']} runs of {', '.join(d['fit']['sources'])} "
+                      f"({d['fit']['evaluations']} evaluations)", soft_wrap=True)
+            for k, v in d["calibration"].items():
+                con.print(f"  {k:<22} {v:.6g}" if v is not None else f"  {k:<22} - (the device's)")
+        return
+    with progress_bar("predicting", json_out) as tick:
+        predicted = predict_samples(samples, cals, clusters, progress=tick)
+    errs = [100.0 * (p / s.measured_s - 1.0) for s, p in zip(samples, predicted, strict=True)]
+    by_source = _by_source(samples, errs)
+    loso_pred: list[float] | None = None
+    if loso:
+        with progress_bar("leave-one-source-out: fitting without", json_out) as tick:
+            held = cross_validate(samples, starts, clusters, max_evaluations=evaluations,
+                                  progress=lambda i, n, src: tick(i, n, src))
+        index: dict[str, int] = {}
+        loso_pred = []
+        for s in samples:
+            k = index.get(s.source, 0)
+            loso_pred.append(held[s.source][k])
+            index[s.source] = k + 1
+        loso_errs = [100.0 * (p / s.measured_s - 1.0) for s, p in zip(samples, loso_pred, strict=True)]
+        for src, d in _by_source(samples, loso_errs).items():
+            by_source[src]["loso"] = {k: v for k, v in d.items() if k != "devices"}
+    summ = summary(errs)
+    loso_summ = summary([100.0 * (p / s.measured_s - 1.0) for s, p in zip(samples, loso_pred, strict=True)]) \
+        if loso_pred is not None else None
+    if plot is not None:
+        shown = loso_pred if loso_pred is not None else predicted
+        what = "leave-one-source-out" if loso_pred is not None else f"calibration {calibration}"
+        s_ = loso_summ if loso_summ is not None else summ
+        _source_scatter(plot, samples, shown, f"{name}: {len(samples)} runs, {what}: mean |error| "
+                        f"{s_['mean_abs_error_pct']:.1f}%, max {s_['max_abs_error_pct']:.1f}%")
+    table = [
+        {"source": s.source, "device": s.device, "line": s.run.line, "gpus": s.run.gpus, "measured_s": s.measured_s,
+         "predicted_s": p, "error_pct": e,
+         **({"loso_predicted_s": loso_pred[i], "loso_error_pct": 100.0 * (loso_pred[i] / s.measured_s - 1.0)}
+            if loso_pred is not None else {})}
+        for i, (s, p, e) in enumerate(zip(samples, predicted, errs, strict=True))
+    ]
+    if json_out:
+        print_json({"data": name, "calibration": calibration, "summary": summ, "loso_summary": loso_summ,
+                    "by_source": by_source, "rows": table,
+                    "skipped": [{"line": ln, "source": src, "reason": why} for ln, src, why in skipped]})
+        return
+    con = Console(width=140)
+    t = Table(title=f"{name}: {len(samples)} runs by source (calibration {calibration})")
+    for col in ("source", "GPU", "runs", "mean |err| %", "max |err| %", "mean err %",
+                *(("LOSO mean |err| %", "LOSO max |err| %") if loso else ())):
+        t.add_column(col, justify="left" if col in ("source", "GPU") else "right")
+    for src, d in by_source.items():
+        t.add_row(src, ",".join(d["devices"]), str(d["rows"]), f"{d['mean_abs_error_pct']:.1f}",
+                  f"{d['max_abs_error_pct']:.1f}", f"{d['mean_error_pct']:+.1f}",
+                  *((f"{d['loso']['mean_abs_error_pct']:.1f}", f"{d['loso']['max_abs_error_pct']:.1f}")
+                    if loso else ()))
+    con.print(t)
+    if rows:
+        w = Table(title=f"the {min(rows, len(table))} largest errors")
+        for col in ("source", "line", "GPU", "GPUs", "measured s", "predicted s", "error %"):
+            w.add_column(col, justify="left" if col in ("source", "GPU") else "right")
+        for r in sorted(table, key=lambda x: -abs(x["error_pct"]))[:rows]:
+            w.add_row(r["source"], str(r["line"]), r["device"], str(r["gpus"]), f"{r['measured_s']:.3f}",
+                      f"{r['predicted_s']:.3f}", f"{r['error_pct']:+.1f}")
+        con.print(w)
+    con.print(f"{summ['rows']} runs: mean |error| {summ['mean_abs_error_pct']:.1f}%, max "
+              f"{summ['max_abs_error_pct']:.1f}% (calibration {calibration})")
+    if loso_summ is not None:
+        con.print(f"leave-one-source-out: mean |error| {loso_summ['mean_abs_error_pct']:.1f}%, max "
+                  f"{loso_summ['max_abs_error_pct']:.1f}%")
+    reasons: dict[str, int] = {}
+    for _, _, why in skipped:
+        reasons[why.split(" (")[0] if why.startswith("context") else why] = reasons.get(why, 0) + 1
+    if skipped:
+        con.print(f"skipped {len(skipped)} public-runs rows: "
+                  + "; ".join(f"{why} ×{n}" for why, n in sorted(reasons.items())), soft_wrap=True)
     if plot is not None:
         con.print(f"wrote {plot}")

@@ -12,6 +12,16 @@ Key/value heads (GQA) are split over ranks while ``t`` ≤ kv heads and replicat
 
 Matmul FLOPs count ``2·m·n·k`` per GEMM and the full ``s×s`` score matrix also for causal
 models (no causal savings), as Narayanan et al. 2021 (eq. 3) and the MFU convention do.
+
+Attention runs one of two ways (``attention``): ``"math"`` materializes the ``s×s`` scores
+(QKᵀ GEMM, scale/mask, softmax, dropout, ·V GEMM: Megatron-LM without fused attention), or
+``"flash"``, one fused kernel per pass (FlashAttention, Dao et al. 2022; FlashAttention-2, Dao
+2023): the scores live in on-chip memory only, so the kernel moves ``O(s·h)`` bytes (Q, K, V, O
+and the fp32 row log-sum-exp) and stores no ``s×s`` activation; its backward recomputes the
+scores (5 matmuls against the forward's 2, FlashAttention-2 sec. 3.2: 2.5× the forward's FLOPs)
+and causal kernels skip the blocks above the diagonal (half the work). The MFU FLOPs stay the
+convention's. Its rate is ``device.attention_efficiency`` × the tile shape efficiency of the
+``s×s×d`` block GEMMs. :func:`default_attention` is what the device runs by default.
 Backward of a GEMM is two GEMMs of the same FLOPs (input gradient, weight gradient).
 
 MFU closed form (Narayanan et al. 2021, appendix): per layer and sample the forward matmuls are
@@ -28,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from paratrain.cost.gemm import gemm_efficiency
+from paratrain.cost.gemm import gemm_efficiency, gemm_tile_choice
 from paratrain.errors import ConfigError, require_positive_int
 from paratrain.parallel.config import Recompute
 from paratrain.spec.device import DeviceSpec
@@ -50,7 +60,16 @@ __all__ = [
     "uses_dropout",
     "kv_dim_per_rank",
     "dtype_bytes",
+    "ATTENTION_KINDS",
+    "default_attention",
+    "resolve_attention",
 ]
+
+ATTENTION_KINDS = ("flash", "math")
+# FlashAttention-2 (Dao 2023, sec. 3.2): the backward runs 5 matmuls of the forward's 2 (it recomputes
+# the scores), 2.5x the forward's FLOPs.
+_FLASH_BWD_FLOPS_RATIO = 2.5
+_FLASH_BWD_KERNELS = 3  # dot(dO, O) preprocessing, the main kernel, dQ conversion from fp32
 
 # Element-wise FLOPs per element, counted operation by operation:
 _LN_FLOPS = 7  # mean 1, centre 1, variance 2 (square, accumulate), normalise 1, scale 1, shift 1
@@ -62,6 +81,22 @@ _GELU_FLOPS = 8  # tanh approximation: x³, 2 multiply-adds, tanh, 1+, ×x, ×0.
 _SWIGLU_FLOPS = 5  # sigmoid (exp, add, divide) 3, ×gate 1, ×up 1
 _LOSS_FLOPS = 5  # max, subtract, exp, sum, pick target
 _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al. 2022, sec. 4.1)
+
+
+def default_attention(device: DeviceSpec) -> str:
+    """What the frameworks run on ``device``: fused attention where the device has the kernels
+    (``device.fused_attention``: Megatron-LM's Transformer Engine and torch's SDPA pick flash
+    attention on NVIDIA Ampere and newer), the explicit ``s×s`` kernels elsewhere."""
+    return "flash" if device.fused_attention else "math"
+
+
+def resolve_attention(attention: str | None, device: DeviceSpec) -> str:
+    """``attention`` checked, or the device's default when ``None``."""
+    if attention is None:
+        return default_attention(device)
+    if attention not in ATTENTION_KINDS:
+        raise ConfigError("attention", f"unknown attention {attention!r}", f"use one of: {', '.join(ATTENTION_KINDS)}")
+    return attention
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -95,6 +130,12 @@ class Op:
     bwd_weight_bytes: float = 0.0
     fwd_kernels: int = 1  # kernels of a non-GEMM op's forward / backward input-gradient
     bwd_kernels: int = 1
+    # Fused attention (kind "attention"): the s×s×d block shape (m, n, k) and batch of its GEMMs and
+    # the FLOPs its kernels execute (causal skipping, backward recomputation), which differ from the
+    # MFU convention's fwd_flops / bwd_flops.
+    attention_shape: tuple[int, int, int] | None = None
+    exec_fwd_flops: float = 0.0
+    exec_bwd_flops: float = 0.0
 
 
 def _gemm_op(name: str, m: int, n: int, k: int, e: int, *, batch: int = 1, weight: bool, selective: bool = False) -> Op:
@@ -172,29 +213,64 @@ def _residual_op(name: str, model: ModelSpec, n: int, e: int, fused: bool) -> Op
     )
 
 
+def _flash_op(model: ModelSpec, b: int, heads_r: int, q_r: int, kv_r: int, e: int) -> Op:
+    """One fused attention kernel per pass over ``b × heads_r`` heads (see the module docstring).
+
+    Bytes: the forward reads Q, K, V and writes O and the fp32 log-sum-exp per row; the backward
+    reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV, and accumulates dQ in fp32
+    (FlashAttention-2's backward: one fp32 read-modify-write of dQ per key block pass is counted once).
+    """
+    s, d = model.seq, model.head_dim
+    tokens = b * s
+    flops = 4.0 * b * heads_r * s * s * d  # QKᵀ and ·V, full square (the MFU convention)
+    executed = flops * (0.5 if model.arch is Arch.GPT else 1.0)  # causal kernels skip masked blocks
+    lse = 4.0 * b * heads_r * s
+    fwd_bytes = e * tokens * (2 * q_r + 2 * kv_r) + lse
+    bwd_bytes = e * tokens * (2 * q_r + 2 * kv_r) + e * tokens * (q_r + 2 * kv_r) + e * tokens * q_r + lse
+    bwd_bytes += 2 * 4 * tokens * q_r  # fp32 dQ accumulator
+    return Op(
+        name="flash_attention", kind="attention", fwd_flops=flops, bwd_flops=2 * flops, fwd_bytes=fwd_bytes,
+        bwd_bytes=bwd_bytes, batch=b * heads_r, is_matmul=True, bwd_kernels=_FLASH_BWD_KERNELS,
+        attention_shape=(s, s, d), exec_fwd_flops=executed, exec_bwd_flops=_FLASH_BWD_FLOPS_RATIO * executed,
+    )
+
+
 @lru_cache(maxsize=4096)
 def _layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None,
+    dtype: str | None = None, attention: str = "math",
 ) -> tuple[Op, ...]:
     """Operators of one transformer layer on one tensor-parallel rank, in execution order.
 
-    ``dtype`` defaults to the model's. Cached: callers get a tuple they must not rely on mutating.
+    ``dtype`` defaults to the model's; ``attention`` is ``"math"`` or ``"flash"`` (module docstring).
+    Cached: callers get a tuple they must not rely on mutating.
     """
+    if attention not in ATTENTION_KINDS:
+        raise ConfigError("attention", f"unknown attention {attention!r}", f"use one of: {', '.join(ATTENTION_KINDS)}")
     _check(model, tp, sequence_parallel, microbatch)
     e = dtype_bytes(dtype or model.dtype)
-    b, s, h, t = microbatch, model.seq, model.hidden, tp
-    tokens = b * s
+    b, h, t = microbatch, model.hidden, tp
+    tokens = b * model.seq
     tokens_sp = tokens // t if sequence_parallel else tokens  # rows of norms/dropout/residual
     heads_r = model.heads // t
-    d = model.head_dim
     q_r, kv_r, f_r = h // t, kv_dim_per_rank(model, t), model.ffn_size // t
     drop = uses_dropout(model)
-    scores = b * heads_r * s * s
 
     ops: list[Op] = [_norm_op("ln_1", model, tokens_sp * h, e)]
     ops.append(_gemm_op("qkv", tokens, q_r + 2 * kv_r, h, e, weight=True))
-    ops.append(_gemm_op("attn_scores", s, s, d, e, batch=b * heads_r, weight=False, selective=True))
+    if attention == "flash":
+        ops.append(_flash_op(model, b, heads_r, q_r, kv_r, e))
+    else:
+        ops.extend(_math_attention_ops(model, b, heads_r, e, fused, drop))
+    ops.append(_gemm_op("attn_proj", tokens, h, q_r, e, weight=True))
+    return tuple(ops) + _mlp_ops(model, tokens, tokens_sp, f_r, e, fused)
+
+
+def _math_attention_ops(model: ModelSpec, b: int, heads_r: int, e: int, fused: bool, drop: bool) -> list[Op]:
+    """The attention core as explicit kernels over the ``s×s`` scores (the selectively recomputed part)."""
+    s, d = model.seq, model.head_dim
+    scores = b * heads_r * s * s
+    ops = [_gemm_op("attn_scores", s, s, d, e, batch=b * heads_r, weight=False, selective=True)]
     if fused:
         ops.append(_ew_op("scale_mask_softmax", "softmax", scores, e, reads=1, writes=1,
                           flops=_SCALE_MASK_FLOPS + _SOFTMAX_FLOPS, bwd_reads=2, bwd_writes=1, selective=True))
@@ -208,7 +284,13 @@ def _layer_ops(
                           bwd_reads=1, bwd_writes=1, extra_fwd=scores * _MASK_BYTES,
                           extra_bwd=scores * _MASK_BYTES, selective=True))
     ops.append(_gemm_op("attn_v", s, d, s, e, batch=b * heads_r, weight=False, selective=True))
-    ops.append(_gemm_op("attn_proj", tokens, h, q_r, e, weight=True))
+    return ops
+
+
+def _mlp_ops(model: ModelSpec, tokens: int, tokens_sp: int, f_r: int, e: int, fused: bool) -> tuple[Op, ...]:
+    """Residual after the attention, second norm, MLP and its residual."""
+    h = model.hidden
+    ops: list[Op] = []
     ops.append(_residual_op("attn_residual", model, tokens_sp * h, e, fused))
     ops.append(_norm_op("ln_2", model, tokens_sp * h, e))
     gated = model.activation is Activation.SWIGLU
@@ -306,15 +388,16 @@ def _head_ops(
 
 def layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None,
+    dtype: str | None = None, attention: str = "math",
 ) -> list[Op]:
     """Operators of one transformer layer on one tensor-parallel rank for one micro-batch, in order.
 
     ``fused`` models Megatron-LM's fused kernels (scale-mask-softmax, bias-GeLU, bias-dropout-add):
-    same FLOPs, fewer bytes. ``dtype`` defaults to the model's.
+    same FLOPs, fewer bytes. ``dtype`` defaults to the model's. ``attention``: ``"math"`` (explicit
+    ``s×s`` kernels) or ``"flash"`` (one fused kernel per pass).
     """
     return list(_layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
-                           fused=fused, dtype=dtype))
+                           fused=fused, dtype=dtype, attention=attention))
 
 
 def embedding_ops(
@@ -343,8 +426,20 @@ def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: Devi
     return max(compute, memory) + device.kernel_overhead_s
 
 
+def _attention_efficiency(op: Op, device: DeviceSpec) -> float:
+    assert op.attention_shape is not None
+    m, n, k = op.attention_shape
+    return gemm_tile_choice(m, n, k, device, op.batch)[0] * device.attention_efficiency
+
+
 def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float, float]:
     """``(forward, backward input-gradient, backward weight-gradient)`` time of ``op`` in seconds."""
+    if op.attention_shape is not None:  # fused attention: tensor cores, the FLOPs its kernels execute
+        peak, eff = device.peak_flops(dtype), _attention_efficiency(op, device)
+        fwd = _roofline(op.exec_fwd_flops, op.fwd_bytes, peak, eff, device)
+        bwd = _roofline(op.exec_bwd_flops, op.bwd_bytes, peak, eff, device)
+        bwd += (op.bwd_kernels - 1) * device.kernel_overhead_s
+        return fwd, bwd, 0.0
     if op.gemm is not None:
         m, n, k = op.gemm
         peak = device.peak_flops(dtype)
@@ -396,7 +491,9 @@ def op_time(op: Op, device: DeviceSpec, dtype: str, *, backward: bool = False) -
 
 def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
     """``"compute"`` or ``"memory"``: which roofline term limits the forward of ``op``."""
-    if op.gemm is not None:
+    if op.attention_shape is not None:
+        compute = op.exec_fwd_flops / (device.peak_flops(dtype) * _attention_efficiency(op, device))
+    elif op.gemm is not None:
         m, n, k = op.gemm
         compute = op.fwd_flops / (device.peak_flops(dtype) * gemm_efficiency(m, n, k, device, op.batch))
     else:

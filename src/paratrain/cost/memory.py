@@ -16,6 +16,10 @@ Transformer Models", sec. 4: per layer, ``s·b·h·(34 + 5·a·s/h)`` bytes with
 - tensor + sequence parallel: ``sbh/t·(34 + 5as/h)``;
 - selective recomputation (attention core) with TP + SP: ``sbh·34/t``;
 - full recomputation: the layer input only, ``2sbh`` (``2sbh/t`` when SP shards it).
+
+With fused (flash) attention no ``s×s`` tensor is stored: the kernel keeps Q, K, V, its output
+and the fp32 log-sum-exp of each row (Dao et al. 2022, sec. 3.1), so a layer holds what selective
+recomputation holds plus ``4·b·(a/t)·s`` bytes — Korthikanti's selective recomputation comes free.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def static_memory(params: int, dtype: str, *, dp: int = 1, optimizer_sharding: b
 @lru_cache(maxsize=4096)
 def activation_terms(
     model: ModelSpec, *, microbatch: int = 1, tp: int = 1, sequence_parallel: bool = False, dtype: str | None = None,
+    attention: str = "math",
 ) -> tuple[tuple[str, int, bool], ...]:
     """Every tensor one layer stores for its backward, on one tensor-parallel rank.
 
@@ -106,14 +111,15 @@ def activation_terms(
     drop = uses_dropout(model)
     mask = 1  # byte per dropout-mask element
     scores = heads_r * s * s * b
+    flash = attention == "flash"
     terms: list[tuple[str, int, bool]] = [
         ("ln_1 input", e * rep * h, False),
         ("qkv input", e * rep * h, False),
         ("Q", e * sb * (h // t), False),
         ("K", e * sb * kv_r, False),
-        ("softmax output", e * scores, True),
+        ("attention log-sum-exp", _FP32 * b * heads_r * s, False) if flash else ("softmax output", e * scores, True),
     ]
-    if drop:
+    if drop and not flash:
         terms += [("attention dropout mask", mask * scores, True), ("attention dropout output", e * scores, True)]
     terms += [
         ("V", e * sb * kv_r, False),
@@ -139,18 +145,22 @@ def activation_bytes_per_layer(
     sequence_parallel: bool = False,
     recompute: Recompute | str = Recompute.NONE,
     dtype: str | None = None,
+    attention: str = "math",
 ) -> int:
     """Bytes one layer holds per in-flight micro-batch between its forward and its backward.
 
     ``full`` keeps only the layer input (``2sbh``; ``/t`` under sequence parallelism); the
-    recomputed activations exist only while that one layer runs its backward.
+    recomputed activations exist only while that one layer runs its backward. ``attention``:
+    ``"math"`` or ``"flash"`` (no ``s×s`` tensors).
     """
     rc = Recompute(str(recompute))
     if rc is Recompute.FULL:
         _check(model, tp, sequence_parallel, microbatch)
         rows = model.seq * microbatch // (tp if sequence_parallel else 1)
         return dtype_bytes(dtype or model.dtype) * rows * model.hidden
-    terms = activation_terms(model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype)
+    terms = activation_terms(
+        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype, attention=attention
+    )
     if rc is Recompute.SELECTIVE:
         return sum(n for _, n, core in terms if not core)
     return sum(n for _, n, _ in terms)

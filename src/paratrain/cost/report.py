@@ -19,6 +19,7 @@ from paratrain.cost.compute import (
     model_flops_per_iteration,
     op_bound,
     op_time_split,
+    resolve_attention,
 )
 from paratrain.cost.memory import activation_bytes_per_layer
 from paratrain.cost.stage import chunk_costs, layer_params_per_rank
@@ -91,6 +92,7 @@ class CostReport:
     sequence_parallel: bool
     dtype: str
     fused: bool
+    attention: str
     params: int
     params_per_rank: int
     matmul_flops_per_sample: float  # forward, backward and recomputation
@@ -126,14 +128,15 @@ def _row(part: Part, op: Op, device: DeviceSpec, dtype: str, count: int) -> OpRo
 
 
 def op_rows(
-    model: ModelSpec, device: DeviceSpec, *, tp: int, sequence_parallel: bool, microbatch: int, fused: bool, dtype: str
+    model: ModelSpec, device: DeviceSpec, *, tp: int, sequence_parallel: bool, microbatch: int, fused: bool, dtype: str,
+    attention: str = "math",
 ) -> tuple[OpRow, ...]:
     """The embedding's, one layer's and the head's operators, in that order."""
     kw: dict[str, Any] = dict(
         tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype
     )
     rows = [_row("embedding", op, device, dtype, 1) for op in embedding_ops(model, **kw)]
-    rows += [_row("layer", op, device, dtype, model.layers) for op in layer_ops(model, **kw)]
+    rows += [_row("layer", op, device, dtype, model.layers) for op in layer_ops(model, attention=attention, **kw)]
     rows += [_row("head", op, device, dtype, 1) for op in head_ops(model, **kw)]
     return tuple(rows)
 
@@ -172,12 +175,14 @@ def cost_report(
     tp, microbatch, rc = config.tp, config.microbatch, config.recompute
     sp = config.sequence_parallel if sequence_parallel is None else bool(sequence_parallel)
     (chunk,) = chunk_costs(model, cluster, config, fused=fused)
-    rows = op_rows(model, device, tp=tp, sequence_parallel=sp, microbatch=microbatch, fused=fused, dtype=dt)
+    attention = resolve_attention(config.attention, device)
+    rows = op_rows(model, device, tp=tp, sequence_parallel=sp, microbatch=microbatch, fused=fused, dtype=dt,
+                   attention=attention)
     time_mb = chunk.forward_s + chunk.backward_s
     peak = device.peak_flops(dt)
     return CostReport(
         model=model.name, device=device.name, cluster=cluster.name, tp=tp, microbatch=microbatch,
-        recompute=rc.value, sequence_parallel=sp, dtype=dt, fused=fused,
+        recompute=rc.value, sequence_parallel=sp, dtype=dt, fused=fused, attention=attention,
         params=model.param_count(),
         params_per_rank=chunk.weight_bytes // dtype_bytes(dt),
         matmul_flops_per_sample=matmul_flops_per_iteration(model, 1, rc),
@@ -189,7 +194,7 @@ def cost_report(
         recompute_s=chunk.recompute_s,
         tp_comm_s=chunk.tp_comm_s,
         activation_bytes_per_layer=activation_bytes_per_layer(
-            model, microbatch=microbatch, tp=tp, sequence_parallel=sp, recompute=rc, dtype=dt
+            model, microbatch=microbatch, tp=tp, sequence_parallel=sp, recompute=rc, dtype=dt, attention=attention
         ),
         activation_bytes=chunk.activation_bytes,
         weight_bytes=chunk.weight_bytes,

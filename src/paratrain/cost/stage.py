@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from paratrain.cost.collectives import collective_time
 from paratrain.cost.compute import (
     Op,
     _embedding_ops,
@@ -21,9 +20,11 @@ from paratrain.cost.compute import (
     kv_dim_per_rank,
     op_kernels,
     op_time_split,
+    resolve_attention,
     uses_dropout,
 )
 from paratrain.cost.memory import activation_bytes_per_layer, optimizer_bytes
+from paratrain.cost.tensor_parallel import tp_part_times, tp_parts
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig, Recompute
@@ -77,12 +78,14 @@ def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: in
 @lru_cache(maxsize=4096)
 def layer_cost(
     model: ModelSpec, device: DeviceSpec, dtype: str, tp: int, sequence_parallel: bool, microbatch: int,
-    recompute: Recompute, fused: bool = False,
+    recompute: Recompute, fused: bool = False, attention: str = "math",
 ) -> PartCost:
     """One transformer layer on one tensor-parallel rank (compute only, no collectives)."""
-    ops = _layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype)
+    ops = _layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype,
+                     attention=attention)
     act = activation_bytes_per_layer(
-        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype
+        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype,
+        attention=attention,
     )
     return _sum_ops(ops, device, dtype, act)
 
@@ -163,35 +166,22 @@ def _tp_comm(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
     dtype: str,
 ) -> tuple[float, float, float, float, float, float]:
-    """Tensor-parallel collective time per micro-batch: (layer forward, layer backward, embedding
-    forward, embedding backward, head forward, head backward).
+    """Tensor-parallel time per micro-batch: (layer forward, layer backward, embedding forward,
+    embedding backward, head forward, head backward).
 
-    Megatron-LM (Shoeybi et al. 2019, fig. 3): each layer all-reduces its ``T×h`` output twice in the
-    forward (after the projection and after the second MLP GEMM) and its input gradient twice in
-    the backward. With sequence parallelism each all-reduce becomes an all-gather + reduce-scatter
-    pair of the same buffer (Korthikanti et al. 2022, sec. 4.2.2); the backward's re-gather of the
-    inputs for the weight gradients overlaps with the input-gradient GEMMs and is not counted.
-    The vocab-parallel embedding all-reduces its output; the head's input gradient is all-reduced
-    in the backward (all-gather forward / reduce-scatter backward with SP); the vocab-parallel
-    cross entropy all-reduces three fp32 values per token (max, sum of exps, target logit).
+    The collectives the cluster's tensor-parallel runtime issues (``cluster.tensor_parallel``:
+    Megatron-LM's fused layers, or DTensor as paratrain's runtime runs them), timed as measured on
+    the cluster where it was calibrated, plus DTensor's host dispatch per parallelized module
+    (:mod:`paratrain.cost.tensor_parallel`).
     """
-    if len(ranks) == 1:
-        return (0.0,) * 6
-    full = microbatch * model.seq * model.hidden * dtype_bytes(dtype)
-    if sequence_parallel:
-        pair = (collective_time("all_gather", full, ranks, cluster).time_s
-                + collective_time("reduce_scatter", full, ranks, cluster).time_s)
-        layer_f = layer_b = 2 * pair
-        emb_f = collective_time("reduce_scatter", full, ranks, cluster).time_s
-        emb_b = collective_time("all_gather", full, ranks, cluster).time_s
-        head_f = collective_time("all_gather", full, ranks, cluster).time_s
-        head_b = collective_time("reduce_scatter", full, ranks, cluster).time_s
-    else:
-        ar = collective_time("all_reduce", full, ranks, cluster).time_s
-        layer_f = layer_b = 2 * ar
-        emb_f, emb_b, head_f, head_b = ar, 0.0, 0.0, ar
-    loss = 3 * collective_time("all_reduce", 4 * microbatch * model.seq, ranks, cluster).time_s
-    return layer_f, layer_b, emb_f, emb_b, head_f + loss, head_b
+    parts = tp_parts(model, sequence_parallel=sequence_parallel, microbatch=microbatch, dtype=dtype,
+                     runtime=cluster.tensor_parallel)
+    out: list[float] = []
+    for name in ("layer", "embedding", "head"):
+        cf, cb, df, db = tp_part_times(parts[name], cluster, ranks)
+        out += [cf + df, cb + db]
+    lf, lb, ef, eb, hf, hb = out
+    return lf, lb, ef, eb, hf, hb
 
 
 @dataclass(frozen=True)
@@ -217,10 +207,10 @@ class _Bundle:
 @lru_cache(maxsize=16384)
 def _bundle(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
-    ranks: tuple[int, ...],
+    ranks: tuple[int, ...], attention: str = "math",
 ) -> _Bundle:
     device = cluster.device
-    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused)
+    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention)
     comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
     if rc is Recompute.FULL:
         rec, rec_comm = layer.forward_s + comm[0], comm[0]
@@ -238,7 +228,8 @@ def _bundle(
         head_params_apart=_head_params_per_rank(model, tp, shares_embedding_chunk=False),
         p2p_bytes=mb * model.seq * model.hidden * e // (tp if sp else 1), dtype_bytes=e,
         transient_bytes=activation_bytes_per_layer(
-            model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype
+            model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype,
+            attention=attention,
         ) - layer.activation_bytes,
         optimizer_bytes_per_param=optimizer_bytes(1, dtype),
     )
@@ -252,7 +243,8 @@ def chunk_costs(
     Chunk ``i`` holds ``config.layers_per_chunk(model.layers)[i]`` layers; chunk 0 also holds the
     embedding, the last chunk the head and the loss. The TP collectives are timed on the first TP
     group's ranks as placed on ``cluster``. ``grad_reduce_bytes`` is the chunk's gradient bytes (the
-    data-parallel all-reduce is timed by the simulator).
+    data-parallel all-reduce is timed by the simulator). Attention is ``config.attention``, or
+    what the device runs by default (:func:`paratrain.cost.compute.default_attention`).
     """
     config.validate_for(model)
     ranks = tp_ranks(config)
@@ -261,8 +253,9 @@ def chunk_costs(
             "tp", f"the tensor-parallel group {list(ranks)} does not fit the cluster's {cluster.num_devices} devices",
             "use a larger cluster (more GPUs or nodes) or a smaller tp",
         )
+    attention = resolve_attention(config.attention, cluster.device)
     bd = _bundle(model, cluster, config.dtype, config.tp, config.sequence_parallel, config.microbatch,
-                 config.recompute, fused, ranks)
+                 config.recompute, fused, ranks, attention)
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
     dp = config.dp if config.optimizer_sharding else 1
     counts = config.layers_per_chunk(model.layers)

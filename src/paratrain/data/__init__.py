@@ -2,6 +2,9 @@
 
 ``vtrain/``: Megatron-DeepSpeed iteration times on A100 and nccl-tests all-reduce tables from the
 vTrain project (MIT licence; source and licence in ``vtrain/README.md`` and ``vtrain/LICENSE``).
+
+``publicruns/``: published end-to-end training throughputs on A100 and H100, one source per row
+(``publicruns/README.md``, ``publicruns/LICENCE``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AXES",
+    "COMPRESSIONS",
     "MAX_GLOBAL_BATCH",
     "MAX_MICROBATCHES",
     "MAX_WORLD_SIZE",
@@ -70,6 +71,23 @@ class Recompute(str, Enum):
 
 
 
+# Gradient compressors (paratrain.runtime.compress; Ok-Topk, Li & Hoefler PPoPP'22, and its baselines).
+COMPRESSIONS = ("none", "oktopk", "topka", "gtopk", "gaussiank", "powersgd")
+
+
+def _check_compression(config: ParallelConfig) -> None:
+    if config.compression not in COMPRESSIONS:
+        raise ConfigError("compression", f"unknown compressor {config.compression!r}",
+                          f"use one of: {', '.join(COMPRESSIONS)}")
+    d = config.compression_density
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d <= 1:
+        raise ConfigError("compression_density", f"must lie in (0, 1], got {d!r}", "use e.g. 0.01 (1 %)")
+    if config.compression != "none" and config.optimizer_sharding:
+        raise ConfigError("compression", f"{config.compression} does not compose with optimizer sharding "
+                          "(FSDP2 reduce-scatters the gradients itself)",
+                          "use --no-optimizer-sharding or --compress none")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How one training job is parallelized.
@@ -91,9 +109,16 @@ class ParallelConfig:
     # Adam state sharded over data-parallel ranks. The cost model charges ZeRO-1 memory and traffic;
     # the runtime uses FSDP2 with parameters gathered for the whole step (same traffic, less memory).
     optimizer_sharding: bool = False
+    # Gradient reduction over dp: "none" (dense all-reduce) or a compressor of COMPRESSIONS, keeping
+    # the fraction compression_density of the gradient (sparse ones; powersgd has a fixed rank).
+    compression: str = "none"
+    compression_density: float = 0.01
     mesh_order: tuple[str, ...] = AXES
     partition: tuple[int, ...] | None = None  # layers per model chunk; None = as even as possible
     dtype: str = "bf16"
+    # Attention kernels the cost model charges: "flash" (fused) or "math" (explicit s×s kernels);
+    # None = what the device runs by default (cost.compute.default_attention).
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "microbatch", "virtual_stages"):
@@ -115,8 +140,11 @@ class ParallelConfig:
         require_at_most("global_batch", self.global_batch, MAX_GLOBAL_BATCH, "samples per iteration")
         for f in ("sequence_parallel", "optimizer_sharding"):
             require_bool(f, getattr(self, f))
+        if self.attention is not None and self.attention not in ("flash", "math"):
+            raise ConfigError("attention", f"unknown attention {self.attention!r}", "use flash or math")
         object.__setattr__(self, "schedule", parse_enum(ScheduleName, "schedule", self.schedule))
         object.__setattr__(self, "recompute", parse_enum(Recompute, "recompute", self.recompute))
+        _check_compression(self)
         if not isinstance(self.mesh_order, (list, tuple)):
             raise ConfigError("mesh_order", f"must be a list of axes, got {self.mesh_order!r}", "e.g. pp,dp,tp")
         order = tuple(str(a) for a in self.mesh_order)

@@ -158,6 +158,12 @@ def pipeline_inputs(
             t = _collective(backend, cluster, "reduce_scatter", ck.grad_reduce_bytes, group) + _collective(
                 backend, cluster, "all_gather", ck.weight_bytes, group
             )
+        elif config.compression != "none" and len(group) > 1:  # sparse or low-rank (cost.compress)
+            from paratrain.cost.compress import compressed_reduce_s
+            from paratrain.cost.compute import dtype_bytes
+
+            t = compressed_reduce_s(config.compression, config.compression_density, ck.grad_reduce_bytes,
+                                    dtype_bytes(config.dtype), group, cluster)
         else:
             t = _collective(backend, cluster, "all_reduce", ck.grad_reduce_bytes, group)
         grad.append(t)

@@ -28,8 +28,9 @@ from paratrain.plan.validate import Calibration
 from paratrain.spec.device import resolve_device
 
 _A100 = resolve_device("a100-80gb")
+_H100 = resolve_device("h100")
 
-__all__ = ["CALIBRATIONS", "VTRAIN_A100", "VTRAIN_A100_LINKS"]
+__all__ = ["CALIBRATIONS", "VTRAIN_A100", "VTRAIN_A100_LINKS", "FITTED_A100", "FITTED_H100", "FITTED_BY_DEVICE"]
 
 VTRAIN_A100 = Calibration(
     gemm_efficiency=0.8823,
@@ -51,4 +52,41 @@ VTRAIN_A100_LINKS = Calibration(
     link_efficiency=0.7255,
 )
 
-CALIBRATIONS = {"vtrain-a100": VTRAIN_A100, "vtrain-a100-links": VTRAIN_A100_LINKS}
+# Fitted on every source at once (vTrain's single-node file, every 8th row, its multi-node file, and
+# the bf16 rows of the public-runs table), one calibration per device, with
+#
+#     paratrain validate all --fit
+#
+# (paratrain.plan.crossval: gemm, attention and memory efficiency, one scale of the nominal NVLink
+# and NIC bandwidths, host issue time per kernel; each source weighs the same). How well each source
+# is predicted by the others' fit: ``paratrain validate all --loso``.
+FITTED_A100 = Calibration(
+    gemm_efficiency=0.6891,
+    memory_efficiency=0.8036,
+    kernel_overhead_s=_A100.kernel_overhead_s,
+    intra_bandwidth_Bps=2.933e11,
+    intra_latency_s=3e-06,
+    link_efficiency=0.9776,
+    host_issue_s=7.491e-05,
+    attention_efficiency=0.7241,
+)
+FITTED_H100 = Calibration(
+    gemm_efficiency=0.5647,
+    memory_efficiency=0.4417,
+    kernel_overhead_s=_H100.kernel_overhead_s,
+    intra_bandwidth_Bps=2.976e11,
+    intra_latency_s=3e-06,
+    link_efficiency=0.6614,
+    host_issue_s=1.0e-05,
+    attention_efficiency=0.3816,
+)
+
+# What ``--calibration fitted`` applies, by device preset.
+FITTED_BY_DEVICE = {"a100-80gb": FITTED_A100, "a100-40gb": FITTED_A100, "h100": FITTED_H100}
+
+CALIBRATIONS = {
+    "vtrain-a100": VTRAIN_A100,
+    "vtrain-a100-links": VTRAIN_A100_LINKS,
+    "fitted-a100": FITTED_A100,
+    "fitted-h100": FITTED_H100,
+}

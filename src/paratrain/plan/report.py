@@ -21,6 +21,7 @@ __all__ = [
     "plan_document",
     "winner_breakdown",
     "winner_keys",
+    "winner_plausibility",
 ]
 
 # Keys every `simulate --json` / `plan --json` object carries.
@@ -116,7 +117,22 @@ def plan_document(model: ModelSpec, cluster: ClusterSpec, result: PlanResult) ->
     doc["evaluated"] = result.evaluated
     doc["memory_checked"] = result.memory_checked
     doc["search_time_s"] = result.search_time_s
+    doc["plausibility_warnings"] = winner_plausibility(model, cluster, win)
     return doc
+
+
+def winner_plausibility(model: ModelSpec, cluster: ClusterSpec, cand: Candidate) -> list[str]:
+    """Warnings when the candidate's MFU exceeds the best measured on its device for a model of its
+    size (:mod:`paratrain.plan.plausibility`)."""
+    from paratrain.cost.compute import resolve_attention
+    from paratrain.plan.plausibility import plausibility_warnings
+
+    m = cand.metrics
+    return plausibility_warnings(
+        model, cluster, mfu=m.mfu, bubble_fraction=m.bubble_fraction,
+        exposed_comm_fraction=m.exposed_comm_s / m.iteration_time_s if m.iteration_time_s else 0.0,
+        attention=resolve_attention(cand.config.attention, cluster.device),
+    )
 
 
 def _runs(values: Sequence[int]) -> str:
@@ -147,6 +163,8 @@ def winner_breakdown(
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
         ("optimizer-state sharding", "on" if cfg.optimizer_sharding else "off"),
+        ("gradient compression", "off (dense all-reduce)" if cfg.compression == "none" else cfg.compression
+         + ("" if cfg.compression == "powersgd" else f", density {cfg.compression_density:g}")),
         ("layers per chunk", _runs(parts) + (" (balanced)" if cfg.partition is not None else " (even)")),
         (
             "iteration time",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from paratrain.cost.compute import resolve_attention
 from paratrain.cost.throughput import throughput
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError, require_at_most
@@ -143,6 +144,7 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
         config.optimizer_sharding,
         config.partition,
         config.dtype,
+        config.attention,
         None if tp_inner else config.mesh_order,
         config.schedule is ScheduleName.ZB_H1,
     )
@@ -327,10 +329,11 @@ def plan(
     capacity = float(memory_limit_bytes or cluster.device.usable_memory_bytes)
     flops = backend.model_flops(model, global_batch)
     rejected = Rejections()
+    flash = resolve_attention(pins.attention, cluster.device) == "flash"
     grid: list[tuple[list[int], list[ParallelConfig]]] = []
     for lay in layouts(model, cluster, global_batch, pins, rejected):
         mbs = microbatches(global_batch, lay, pins, rejected)
-        cfgs = list(variants(model, global_batch, lay, pins, mbs[0])) if mbs else []
+        cfgs = list(variants(model, global_batch, lay, pins, mbs[0], flash=flash)) if mbs else []
         if cfgs:
             grid.append((mbs, cfgs))
     total = sum(len(m) * len(v) for m, v in grid)

@@ -80,6 +80,10 @@ class Pins:
     max_microbatch: int = 32
     max_virtual_stages: int = 16
     tp_across_nodes: bool = False  # allow tensor-parallel groups that leave the node
+    attention: str | None = None  # flash or math; None: what the device runs
+    # gradient reductions weighed against each other where dp > 1 (ParallelConfig.compression)
+    compressions: tuple[str, ...] = ("none",)
+    compression_density: float = 0.01
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -216,16 +220,21 @@ def _bools(pinned: bool | None, allowed: bool) -> list[bool]:
 
 
 def variants(
-    model: ModelSpec, global_batch: int, layout: Layout, pins: Pins, microbatch: int = 1
+    model: ModelSpec, global_batch: int, layout: Layout, pins: Pins, microbatch: int = 1, *, flash: bool = False
 ) -> Iterator[ParallelConfig]:
     """The configurations of one layout at micro-batch size ``microbatch`` (the search walks
-    micro-batch sizes upward from the smallest and stops at the first that runs out of memory)."""
-    recomputes = [pins.recompute] if pins.recompute is not None else list(Recompute)
+    micro-batch sizes upward from the smallest and stops at the first that runs out of memory).
+
+    ``flash``: the candidates run fused attention, which never stores the ``s×s`` activations
+    selective recomputation would recompute: selective equals no recomputation there and is not
+    offered twice (unless pinned)."""
+    recomputes = [pins.recompute] if pins.recompute is not None else [
+        r for r in Recompute if not (flash and r is Recompute.SELECTIVE)]
     sps = _bools(pins.sequence_parallel, layout.tp > 1 and model.seq % layout.tp == 0)
     zeros = _bools(pins.optimizer_sharding, layout.dp > 1)
     for order in _mesh_orders(layout, pins):
         for sched, v in _schedule_options(model, layout, pins):
-            for zero in zeros:
+            for zero, comp in _reductions(zeros, pins.compressions, layout.dp, sched):
                 for sp in sps:
                     for rc in recomputes:
                         yield ParallelConfig(
@@ -241,4 +250,20 @@ def variants(
                             optimizer_sharding=zero,
                             mesh_order=order,
                             dtype=model.dtype,
+                            attention=pins.attention,
+                            compression=comp,
+                            compression_density=pins.compression_density,
                         )
+
+
+def _reductions(zeros: list[bool], compressions: tuple[str, ...], dp: int,
+                schedule: ScheduleName) -> list[tuple[bool, str]]:
+    """(optimizer sharding, compression) pairs: compression needs dp > 1, no sharding (FSDP2
+    reduces itself), a synchronous schedule, and gTop-k a power-of-two dp (runtime.config)."""
+    out = []
+    for zero in zeros:
+        for comp in compressions:
+            if comp != "none" and (zero or dp == 1 or schedule.is_async or (comp == "gtopk" and dp & (dp - 1))):
+                continue
+            out.append((zero, comp))
+    return out

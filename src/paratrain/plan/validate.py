@@ -99,6 +99,7 @@ class Calibration:
     intra_latency_s: float
     link_efficiency: float
     host_issue_s: float = 0.0
+    attention_efficiency: float | None = None  # fused attention's fraction of peak; None: the device's
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -203,7 +204,8 @@ def run_model(run: MeasuredRun) -> ModelSpec:
 
 
 def run_config(run: MeasuredRun) -> ParallelConfig:
-    """Megatron-DeepSpeed's layout for the run: tp inside a node, full recomputation, 1F1B."""
+    """Megatron-DeepSpeed's layout for the run: tp inside a node, full recomputation, 1F1B, and its
+    explicit attention kernels (vTrain's runs use Megatron's fused softmax, not FlashAttention)."""
     return ParallelConfig(
         dp=run.dp,
         tp=run.tp,
@@ -213,6 +215,7 @@ def run_config(run: MeasuredRun) -> ParallelConfig:
         schedule=ScheduleName.ONE_F_ONE_B,
         recompute=Recompute.FULL,
         dtype="fp16",
+        attention="math",
     )
 
 
@@ -234,6 +237,10 @@ def with_calibration(cluster: ClusterSpec, calibration: Calibration) -> ClusterS
         memory_efficiency=calibration.memory_efficiency,
         kernel_overhead_s=calibration.kernel_overhead_s,
         host_issue_s=calibration.host_issue_s,
+        attention_efficiency=(
+            cluster.device.attention_efficiency if calibration.attention_efficiency is None
+            else calibration.attention_efficiency
+        ),
     )
     inter = cluster.inter_link
     return dataclasses.replace(

@@ -14,9 +14,11 @@ from paratrain.fileio import check_output_path
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec
 
-__all__ = ["TrainConfig", "DP_IMPLS", "check_outputs", "check_host_memory", "check_world_size", "check_model_layout"]
+__all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
+           "check_model_layout", "check_task", "check_compression", "check_checkpointing"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
+TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,18 @@ class TrainConfig:
     progress: bool = True
     # pipeline receives posted ahead per peer (runtime.pipeline_engine); None: 2 on gloo, 0 on NCCL
     prefetch_receives: int | None = None
+    # dense steps before gradient compression starts (ParallelConfig.compression); Ok-Topk's code
+    # warms up 512 calls on ImageNet-sized runs, a few steps suffice for the tiny models here
+    compress_warmup: int = 5
+    task: str = "gpt"
+    loader_workers: int = 0  # DataLoader worker processes of the image task (0: in the training process)
+    # checkpointing (runtime/checkpoint, CheckFreq): where, how often ('auto', 'N' steps, 'Ns'
+    # seconds), how many complete checkpoints to keep (0: all), whether to resume from the newest
+    checkpoint_dir: str | None = None
+    checkpoint_every: str = "auto"
+    keep: int = 2  # the newest and one to fall back on when the newest fails verification
+    resume: bool = False
+    checkpoint_overhead: float = 0.035  # auto's bound on checkpointing's share of step time (issue 13)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -68,11 +82,35 @@ class TrainConfig:
         if self.prefetch_receives is not None and self.prefetch_receives < 0:
             raise ConfigError("--prefetch-receives", f"must be at least 0, got {self.prefetch_receives}",
                               "use 0 (post each receive at its action) or 1-2")
+        if isinstance(self.compress_warmup, bool) or not isinstance(self.compress_warmup, int) \
+                or self.compress_warmup < 0:
+            raise ConfigError("--compress-warmup", f"must be an integer of at least 0, got {self.compress_warmup!r}",
+                              "use e.g. --compress-warmup 5 (dense steps before compression)")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive finite number of seconds, got {self.timeout_s}",
                               "use e.g. --timeout 60")
         require_positive("weight_decay", self.weight_decay, allow_zero=True)
         require_positive("min_lr_ratio", self.min_lr_ratio, allow_zero=True)
+        if self.task not in TASKS:
+            raise ConfigError("--task", f"unknown value {self.task!r}", f"use one of: {', '.join(TASKS)}")
+        if self.loader_workers < 0:
+            raise ConfigError("--loader-workers", f"must be at least 0, got {self.loader_workers}",
+                              "use e.g. --loader-workers 2 (0: load in the training process)")
+        self._check_checkpointing()
+
+    def _check_checkpointing(self) -> None:
+        from paratrain.runtime.checkpoint.frequency import parse_every
+
+        parse_every(self.checkpoint_every)
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 0:
+            raise ConfigError("--keep", f"must be an integer of at least 0, got {self.keep!r}",
+                              "use e.g. --keep 2 (0: keep every checkpoint)")
+        if not (math.isfinite(self.checkpoint_overhead) and 0 < self.checkpoint_overhead < 1):
+            raise ConfigError("--checkpoint-overhead", f"must be a fraction in (0, 1), got {self.checkpoint_overhead}",
+                              "use e.g. --checkpoint-overhead 0.035 (3.5% of step time)")
+        if self.resume and self.checkpoint_dir is None:
+            raise ConfigError("--resume", "needs --checkpoint-dir (where to find the checkpoints)",
+                              "add --checkpoint-dir DIR, the directory the earlier run wrote")
 
     @property
     def warmup(self) -> int:
@@ -80,6 +118,36 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_task(config: ParallelConfig, train: TrainConfig) -> None:
+    """The image task runs data parallelism only, on a directory of images."""
+    if train.task != "image":
+        return
+    if config.tp > 1 or config.pp > 1:
+        raise ConfigError("--task", f"image runs data parallelism only, got tp={config.tp} pp={config.pp}",
+                          "use --tp 1 --pp 1 with --task image (scale with --dp)")
+    if train.data in ("stdlib", "synthetic") or not os.path.isdir(train.data):
+        raise ConfigError("--data", f"--task image reads a directory of images, got {train.data!r}",
+                          "write one with `paratrain data generate --items 512 --out DIR`, then --data DIR")
+
+
+def check_compression(config: ParallelConfig, train: TrainConfig) -> None:
+    """The layouts gradient compression runs with (paratrain.runtime.compress): paratrain's own
+    reduction (the library DDP and FSDP2 paths reduce inside torch), any tp and pp; gTop-k pairs
+    ranks, so its reduction group (dp ranks) must be a power of two."""
+    name = config.compression
+    if name == "none":
+        return
+    if train.dp_impl != "paratrain":
+        raise ConfigError("--compress", f"{name} runs in paratrain's gradient reduction, not in {train.dp_impl} "
+                          "(torch reduces those gradients itself)", "use --dp-impl paratrain or --compress none")
+    if name == "gtopk" and config.dp & (config.dp - 1):
+        raise ConfigError("--compress", f"gtopk pairs ranks by recursive doubling and needs a power-of-two dp, "
+                          f"got dp({config.dp})", "use --dp 2, 4, 8, ... or another compressor")
+    if config.pp > 1 and config.schedule.is_async:
+        raise ConfigError("--compress", f"{name} keeps one residual per synchronous step; {config.schedule.value} "
+                          "updates stages asynchronously", "use a synchronous --schedule (gpipe, 1f1b, ...)")
 
 
 def check_outputs(train: TrainConfig) -> None:
@@ -90,6 +158,25 @@ def check_outputs(train: TrainConfig) -> None:
         check_output_path(train.trace, "--trace")
     if train.save_final is not None:
         check_output_path(train.save_final, "--save-final")
+    if train.checkpoint_dir is not None:
+        from paratrain.runtime.checkpoint import store
+
+        if train.resume:  # the newest complete checkpoint exists and verifies (checksums), before torch loads
+            store.resume_checkpoint(train.checkpoint_dir)
+        else:
+            store.check_fresh_dir(train.checkpoint_dir)
+
+
+def check_checkpointing(config: ParallelConfig, train: TrainConfig) -> None:
+    """Asynchronous pipelines (PipeDream, 2BW) run every step as one action list: no step boundary
+    to checkpoint at. The image task's trainer is not covered yet."""
+    if train.checkpoint_dir is not None and train.task != "gpt":
+        raise ConfigError("--checkpoint-dir", f"checkpointing covers --task gpt, not --task {train.task}",
+                          "drop --checkpoint-dir with --task image")
+    if train.checkpoint_dir is not None and config.pp > 1 and config.schedule.is_async:
+        raise ConfigError("--checkpoint-dir", f"{config.schedule.value} runs all steps as one asynchronous action "
+                          "list, with no step boundary to checkpoint at", "use a synchronous --schedule (gpipe, "
+                          "1f1b, interleaved, ...) with --checkpoint-dir")
 
 
 def _available_memory_bytes() -> int:

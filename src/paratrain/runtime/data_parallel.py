@@ -187,10 +187,17 @@ class FSDPGradSync:
 
 
 def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, bucket_bytes: int,
-                       recorder: SpanRecorder | None = None) -> tuple[nn.Module, GradSync]:
+                       recorder: SpanRecorder | None = None, compress_warmup: int = 0) -> tuple[nn.Module, GradSync]:
     """``model`` (the whole model, tensor parallelism applied) with data parallelism ``impl``
-    ("paratrain", "ddp" or "fsdp") over the mesh's dp axis: the module to run and its GradSync."""
+    ("paratrain", "ddp" or "fsdp") over the mesh's dp axis: the module to run and its GradSync.
+    With ``ctx.config.compression`` set, paratrain's reduction compresses
+    (:class:`~paratrain.runtime.compress.sync.CompressedGradSync`, dense for ``compress_warmup`` steps)."""
     dp = ctx.config.dp
+    if ctx.config.compression != "none" and dp > 1 and impl == "paratrain":
+        from .compress.sync import CompressedGradSync
+
+        return model, CompressedGradSync([model], ctx.group("dp"), ctx.config.compression,
+                                         ctx.config.compression_density, warmup=compress_warmup, recorder=recorder)
     if impl == "fsdp" and (dp > 1 or ctx.config.optimizer_sharding):
         from torch.distributed.fsdp import fully_shard
 

@@ -14,7 +14,9 @@ The process leaves with ``os._exit`` after flushing: tearing down a process grou
 are gone can itself block.
 
 Fault injection: ``PARATRAIN_FAULT=kill:RANK:STEP`` makes global rank RANK kill itself with
-SIGKILL in step STEP, after the forward of its first micro-batch (tests/runtime/test_runtime_faults.py).
+SIGKILL in step STEP, after the forward of its first micro-batch (tests/runtime/test_runtime_faults.py);
+``PARATRAIN_FAULT=kill-checkpoint:RANK:STEP:PHASE`` while it writes a checkpoint
+(:func:`maybe_inject_checkpoint_fault`, tests/runtime/test_checkpoint_atomicity.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from paratrain.errors import ConfigError
 from .mesh import RendezvousError
 
 __all__ = ["rank_prefix", "log", "fail_and_exit", "explain_failure", "maybe_inject_fault", "guard",
-           "signal_handlers", "Interrupted", "FAULT_ENV"]
+           "signal_handlers", "Interrupted", "FAULT_ENV", "maybe_inject_checkpoint_fault", "CHECKPOINT_PHASES"]
 
 FAULT_ENV = "PARATRAIN_FAULT"
 STOP_GRACE_S = 1.0  # a worker's wait, on SIGTERM, for the launcher's SIGINT of an interrupted job
@@ -74,6 +76,22 @@ def maybe_inject_fault(rank: int, step: int) -> None:
     _, r, s = spec.split(":")
     if int(r) == rank and int(s) == step:
         log(rank, f"fault injection: killing this rank at step {step}", err=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+CHECKPOINT_PHASES = ("snapshot", "persist", "marker")
+
+
+def maybe_inject_checkpoint_fault(rank: int, step: int, phase: str) -> None:
+    """``PARATRAIN_FAULT=kill-checkpoint:RANK:STEP:PHASE``: SIGKILL global rank RANK while it writes
+    the checkpoint of step STEP, in PHASE: ``snapshot`` (half the host copies made), ``persist``
+    (data files written, no marker) or ``marker`` (marker written, not yet renamed into place)."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec.startswith("kill-checkpoint:"):
+        return
+    _, r, s, ph = spec.split(":")
+    if int(r) == rank and int(s) == step and ph == phase:
+        log(rank, f"fault injection: killing this rank during the {phase} of checkpoint step {step}", err=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

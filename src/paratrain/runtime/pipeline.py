@@ -235,6 +235,11 @@ class PipelineExecutor:
         self._current_step = 0
         self._norm_of_step: dict[int, float] = {}
         self._async_out: list[StepOutput] = []
+        # gradient compression (--compress): one reducer (its residual) per local chunk copy, and
+        # this step's statistics for the metrics row
+        self._reducers: dict[tuple[int, int], Any] = {}
+        self._compressed: list[LocalChunk] = []
+        self.compression_stats: list[Any] = []
 
     # ----- one step --------------------------------------------------------------------------------
     def run(self, step: int) -> StepOutput:
@@ -246,6 +251,7 @@ class PipelineExecutor:
                 self._run_async()
             return self._async_out[step]
         self._current_step = step
+        self.compression_stats = []
         batch = self.batch_of(step)
         mark = len(self.engine.spans)
         self.phase.name = f"step {step} pipeline"
@@ -283,6 +289,9 @@ class PipelineExecutor:
         group = self.groups.reduce.get(chunk.chunk)
         if group is None:
             return
+        if self.config.compression != "none":
+            self._compressed_reduce(chunk, group)
+            return
         grads = []
         for p in chunk.params.values():
             if p.grad is None:
@@ -291,8 +300,29 @@ class PipelineExecutor:
         flat = torch.cat(grads)
         self._pending.append((chunk, flat, dist.all_reduce(flat, group=group, async_op=True), time.perf_counter()))
 
+    def _compressed_reduce(self, chunk: LocalChunk, group: dist.ProcessGroup) -> None:
+        """``R`` with compression: the chunk's whole gradient as one flat view, reduced at once
+        (selection needs all of it); averaged with the dense reductions in :meth:`finish_reductions`."""
+        from .compress.sync import FlatReducer
+
+        key = (chunk.chunk, chunk.replica)
+        if key not in self._reducers:
+            self._reducers[key] = FlatReducer(self.config.compression, list(chunk.params.values()), group,
+                                              self.config.compression_density, self.train.compress_warmup)
+        start = time.perf_counter()
+        self.compression_stats.append(self._reducers[key].reduce())
+        if self.engine.record:
+            name = f"R@c{chunk.chunk}" + (f"r{chunk.replica}" if chunk.replica else "")
+            self.engine.spans.append(ActionSpan(name, "reduce", start, time.perf_counter(), None))
+        self._compressed.append(chunk)
+
     def finish_reductions(self) -> None:
         dp = self.config.dp
+        with torch.no_grad():
+            for chunk in self._compressed:
+                for p in chunk.params.values():
+                    local_tensor(p.grad).div_(dp)
+        self._compressed.clear()
         for chunk, flat, work, start in self._pending:
             work.wait()
             if self.engine.record:

@@ -15,9 +15,20 @@ from .faults import rank_prefix
 __all__ = ["StepConsole", "format_step"]
 
 
+def _rate(row: dict[str, Any]) -> str:
+    # tokens for the language models; samples (and no MFU) where a row has no tokens (the image task)
+    if row.get("tokens_per_s") is None:
+        return f"samples/s {row['samples_per_s']:,.1f}"
+    return f"tokens/s {row['tokens_per_s']:,.0f}"
+
+
+def _mfu(row: dict[str, Any]) -> str:
+    return "-" if row.get("mfu") is None else f"{100 * row['mfu']:.2f}%"
+
+
 def format_step(row: dict[str, Any], steps: int) -> str:
     return (f"step {row['step'] + 1}/{steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
-            f"grad_norm {row['grad_norm']:.3f} tokens/s {row['tokens_per_s']:,.0f} mfu {100 * row['mfu']:.2f}%")
+            f"grad_norm {row['grad_norm']:.3f} {_rate(row)} mfu {_mfu(row)}")
 
 
 class StepConsole:
@@ -30,7 +41,7 @@ class StepConsole:
         show_bar = rank == 0 and progress_bar and self.console.is_terminal
         self.progress = Progress(
             TextColumn(escape(f"{self.prefix} train")), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"),
+            TextColumn("loss {task.fields[loss]}  {task.fields[rate]}  MFU {task.fields[mfu]}"),
             TimeRemainingColumn(), console=self.console, disable=not show_bar, transient=True)
         self._task: Any = None
 
@@ -39,15 +50,14 @@ class StepConsole:
             self.progress.console.print(f"{self.prefix} {text}", markup=False)
 
     def step(self, row: dict[str, Any]) -> None:
-        self.progress.update(self._task, advance=1, loss=f"{row['loss']:.4f}", tps=f"{row['tokens_per_s']:,.0f}",
-                             mfu=f"{100 * row['mfu']:.2f}%")
+        self.progress.update(self._task, advance=1, loss=f"{row['loss']:.4f}", rate=_rate(row), mfu=_mfu(row))
         step = row["step"]
         if step == self.steps - 1 or step % self.log_every == 0:
             self.line(format_step(row, self.steps))
 
     def __enter__(self) -> StepConsole:
         self.progress.__enter__()
-        self._task = self.progress.add_task("train", total=self.steps, loss="-", tps="-", mfu="-")
+        self._task = self.progress.add_task("train", total=self.steps, loss="-", rate="-", mfu="-")
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -39,7 +39,16 @@ from paratrain.spec.model import ModelSpec
 from paratrain.trace import write_trace
 
 from . import faults
-from .config import DP_IMPLS, TrainConfig, check_host_memory, check_outputs
+from .compress.sync import compression_metrics
+from .config import (
+    DP_IMPLS,
+    TrainConfig,
+    check_checkpointing,
+    check_compression,
+    check_host_memory,
+    check_outputs,
+    check_task,
+)
 from .data import Batch, DataSource, load_corpus
 from .data_parallel import wrap_data_parallel
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
@@ -74,7 +83,10 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
                           "give a file or directory, 'stdlib' or 'synthetic'")
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
+    check_compression(config, train)
+    check_checkpointing(config, train)
     check_host_memory(spec, procs_on_host)
+    check_task(config, train)
     check_outputs(train)
     # the schedule's own rules (e.g. Chimera's even stage count)
     return validate_pipeline(config, train) if config.pp > 1 else None
@@ -98,6 +110,11 @@ class Trainer:
         if ctx.world_size > 1:
             dist.broadcast_object_list(origin, src=0)
         self.tracer = Tracer(ctx.rank, origin[0], enabled=train.trace is not None)
+        if train.task == "image":  # the CNN on an image folder: its own data, model and executor
+            from .data.image_task import setup_image_task
+
+            setup_image_task(self)
+            return
         model = build_model(spec, train.seed)
         tp_mesh = ctx.submesh("tp")
         self.schedule: Schedule | None = None
@@ -108,7 +125,7 @@ class Trainer:
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
             part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
-                                                 recorder=self.tracer)
+                                                 recorder=self.tracer, compress_warmup=train.compress_warmup)
             self.optimizer = Optimizer(_trainable([part]), train)
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
                                                 phase=self.phase, autocast=self.autocast)
@@ -137,17 +154,31 @@ class Trainer:
         return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
 
     def run(self, writer: MetricsWriter) -> list[dict[str, Any]]:
-        """Every step, each row written to ``writer`` and logged by rank 0; returns the rows."""
+        """Every step, each row written to ``writer`` and logged by rank 0; returns the rows.
+
+        With ``--checkpoint-dir``: resumes from the newest complete checkpoint (``--resume``),
+        checkpoints at step boundaries and at the end (:mod:`paratrain.runtime.checkpoint`)."""
         rows = []
         console = StepConsole(self.ctx.rank, self.train.steps, log_every=self.train.log_every,
                               progress_bar=self.train.progress)
         console.line(self.describe())
+        ckpt = None
+        if self.train.checkpoint_dir is not None:
+            from .checkpoint.persist import Checkpointer
+
+            ckpt = Checkpointer(self, console.line)
+        first = 0 if ckpt is None else ckpt.restore() if self.train.resume else ckpt.begin()
         with console:
-            for step in range(self.train.steps):
+            for step in range(first, self.train.steps):
                 row = self.train_step(step)
+                if ckpt is not None:
+                    row.update(ckpt.after_step(step, row))
                 rows.append(row)
                 writer.write({**row, "rank": self.ctx.rank})
                 console.step(row)
+            if ckpt is not None:
+                self.phase.name = "final checkpoint"
+                ckpt.finish(self.train.steps)
         return rows
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -168,9 +199,13 @@ class Trainer:
         self.phase.name = f"step {step} loss reduction"
         loss = self._global_loss(out.local_loss)
         gb = self.config.global_batch
+        image = self.train.task == "image"  # the CNN: no tokens, and the transformer FLOPs do not apply
         return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_s,
-                "tokens_per_s": gb * self.spec.seq / step_s,
-                "mfu": step_mfu(self.spec, gb, step_s, self.peak_flops, self.ctx.world_size)}
+                "samples_per_s": gb / step_s,
+                "tokens_per_s": None if image else gb * self.spec.seq / step_s,
+                "mfu": None if image else step_mfu(self.spec, gb, step_s, self.peak_flops, self.ctx.world_size),
+                # gradient compression's volume, density, threshold and residual (none: no keys)
+                **compression_metrics(self.executor)}
 
     def _global_loss(self, local: torch.Tensor | None) -> float:
         # Ranks computing the loss hold it replicated over tp: count it once (tp coordinate 0),
@@ -220,6 +255,8 @@ class Trainer:
 
     def describe(self) -> str:
         c, ctx, data = self.config, self.ctx, self.data
+        if self.train.task == "image":
+            return data.describe(self.executor.model, c, ctx, self.train.dp_impl)
         return (f"{self.spec.name}: {self.spec.param_count():,} parameters, dp={c.dp} tp={c.tp} pp={c.pp} "
                 f"({self.train.dp_impl} data parallel) on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
                 f"global batch {c.global_batch} = {c.num_microbatches} micro-batches of {c.microbatch} per replica, "

@@ -121,6 +121,9 @@ def scaled_device(device: DeviceSpec, speed_factor: float, duration_cv: float | 
     eff = device.gemm_efficiency / speed_factor
     changes: dict[str, float] = {"gemm_efficiency": min(1.0, eff),
                                  "memory_bandwidth_Bps": device.memory_bandwidth_Bps / speed_factor}
+    # Fused attention runs at attention_efficiency × peak: scaled like the GEMMs (divided by eff
+    # again when the peaks absorb the excess).
+    changes["attention_efficiency"] = min(1.0, device.attention_efficiency / speed_factor / max(1.0, eff))
     if eff > 1.0:
         changes.update({f: getattr(device, f) * eff for f in _PEAKS})
     changes.update({f: getattr(device, f) * speed_factor for f in _OVERHEADS})

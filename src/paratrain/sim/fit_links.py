@@ -9,7 +9,7 @@ latency and bandwidth of the ``cpu`` cluster preset (``cpu-cluster.json``, read 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 __all__ = ["LinksDocument", "fit_alpha_beta", "links_document"]
@@ -24,6 +24,8 @@ class LinksDocument(TypedDict):
     allreduce_s_by_bytes: dict[str, float]
     procs: int
     threads: int
+    # tensor-parallel collectives in lockstep with compute: [kind, group size, bytes, seconds]
+    measured_collectives: list[list[str | int | float]]
 
 
 def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
@@ -50,10 +52,12 @@ def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
 
 
 def links_document(
-    p2p_s_by_bytes: Mapping[int, float], allreduce_s_by_bytes: Mapping[int, float], procs: int, threads: int
+    p2p_s_by_bytes: Mapping[int, float], allreduce_s_by_bytes: Mapping[int, float], procs: int, threads: int,
+    measured_collectives: Sequence[tuple[str, int, int, float]] = (),
 ) -> LinksDocument:
-    """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times and the
-    raw timings (keys: message bytes as strings)."""
+    """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times, the raw
+    timings (keys: message bytes as strings) and the tensor-parallel collectives as measured
+    (read by the ``cpu`` cluster preset as its ``measured_collectives``)."""
     alpha, beta = fit_alpha_beta([float(n) for n in p2p_s_by_bytes], list(p2p_s_by_bytes.values()))
     return {
         "p2p_latency_s": alpha,
@@ -62,4 +66,5 @@ def links_document(
         "allreduce_s_by_bytes": {str(k): v for k, v in allreduce_s_by_bytes.items()},
         "procs": procs,
         "threads": threads,
+        "measured_collectives": [list(row) for row in measured_collectives],
     }

@@ -293,6 +293,12 @@ def timing_for_config(
                 collective_time("reduce_scatter", cost.grad_reduce_bytes, ranks, cluster).time_s
                 + collective_time("all_gather", cost.weight_bytes, ranks, cluster).time_s
             )
+        elif config.compression != "none":  # sparse or low-rank reduction (cost.compress)
+            from paratrain.cost.compress import compressed_reduce_s
+            from paratrain.cost.compute import dtype_bytes
+
+            reduce_s.append(compressed_reduce_s(config.compression, config.compression_density,
+                                                cost.grad_reduce_bytes, dtype_bytes(config.dtype), ranks, cluster))
         else:
             reduce_s.append(collective_time("all_reduce", cost.grad_reduce_bytes, ranks, cluster).time_s)
 
@@ -322,7 +328,8 @@ def timing_for_config(
         p2p_bytes=tuple(c.p2p_bytes for c in costs),
         reduce_bytes=tuple(c.grad_reduce_bytes for c in costs),
         tp_comm_s=tuple(c.tp_comm_s for c in costs),
-        reduce_kind="reduce_scatter+all_gather" if config.optimizer_sharding else "all_reduce",
+        reduce_kind="reduce_scatter+all_gather" if config.optimizer_sharding
+        else config.compression if config.compression != "none" else "all_reduce",
         global_rank=grank,
         reduce_groups=tuple(groups),
         tp_groups=tuple(tuple(config.rank_of(pp=r, tp=k) for k in range(config.tp)) for r in range(schedule.stages)),

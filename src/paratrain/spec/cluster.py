@@ -105,10 +105,22 @@ class ClusterSpec:
     intra_link: LinkSpec
     inter_link: LinkSpec
     topology: Topology = field(default_factory=Topology)
+    # Collectives timed as the tensor-parallel runtime issues them, each right after compute on
+    # every group at once (``paratrain calibrate``): (kind, group size, bytes, seconds). The
+    # tensor-parallel cost reads it where it holds the kind and group size
+    # (paratrain.cost.tensor_parallel); empty: the alpha-beta model of the links.
+    measured_collectives: tuple[tuple[str, int, int, float], ...] = ()
+    # What runs tensor parallelism here, and so which collectives it issues: "megatron" (fused
+    # layers, the published GPU runs) or "dtensor" (paratrain's runtime: one DTensor style per Linear).
+    tensor_parallel: str = "megatron"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError("name", f"must be a string, got {self.name!r}", "give the cluster a name")
+        object.__setattr__(self, "measured_collectives", measured_collective_rows(self.measured_collectives))
+        if self.tensor_parallel not in ("megatron", "dtensor"):
+            raise ConfigError("tensor_parallel", f"unknown tensor-parallel runtime {self.tensor_parallel!r}",
+                              "use megatron or dtensor")
         for f, cls, fix in (
             ("device", DeviceSpec, "give a device preset name or a mapping of device fields"),
             ("intra_link", LinkSpec, "give {bandwidth_Bps: ..., latency_s: ...}"),
@@ -184,6 +196,24 @@ class ClusterSpec:
         d = dataclasses.asdict(self)
         d["topology"]["kind"] = self.topology.kind.value
         return d
+
+
+def measured_collective_rows(rows: Any) -> tuple[tuple[str, int, int, float], ...]:
+    """``rows`` as hashable (kind, group size, bytes, seconds) tuples (a JSON file gives lists)."""
+    fix = "give [[kind, group size, bytes, seconds], ...], e.g. [[\"all_reduce\", 4, 524288, 0.01]]"
+    if not isinstance(rows, (list, tuple)):
+        raise ConfigError("measured_collectives", f"must be a list of rows, got {rows!r}", fix)
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 4 or not isinstance(row[0], str):
+            raise ConfigError(f"measured_collectives[{i}]", f"must be [kind, group size, bytes, seconds], got {row!r}",
+                              fix)
+        kind, size, nbytes, seconds = row
+        require_positive_int(f"measured_collectives[{i}] group size", size)
+        require_positive_int(f"measured_collectives[{i}] bytes", nbytes)
+        require_positive(f"measured_collectives[{i}] seconds", seconds, allow_zero=True)
+        out.append((kind, int(size), int(nbytes), float(seconds)))
+    return tuple(out)
 
 
 def _refit(t: Topology, nodes: int) -> Topology:

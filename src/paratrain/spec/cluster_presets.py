@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from paratrain.errors import ConfigError
-from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind
+from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind, measured_collective_rows
 from paratrain.spec.device import cpu_calibration_path, resolve_device
 
 __all__ = ["CLUSTER_PRESETS", "cluster_preset", "cpu_cluster_calibration_path", "cpu_links"]
@@ -86,6 +86,19 @@ def cpu_links() -> LinkSpec | None:
     return None
 
 
+def cpu_measured_collectives() -> tuple[tuple[str, int, int, float], ...]:
+    """The tensor-parallel collectives ``paratrain calibrate`` timed on this machine
+    (``measured_collectives`` in ``cpu-cluster.json``); empty when none (or nothing readable)."""
+    path = cpu_cluster_calibration_path()
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return measured_collective_rows(doc.get("measured_collectives", []))
+        except (OSError, ValueError, AttributeError, TypeError, ConfigError):
+            pass
+    return ()
+
+
 def _cpu() -> ClusterSpec:
     # This machine: processes talk through gloo over loopback TCP. Calibrated: the one link
     # `paratrain calibrate` measures (every "node" is this machine, so inter-node is the same);
@@ -99,6 +112,8 @@ def _cpu() -> ClusterSpec:
         intra_link=link or LinkSpec(bandwidth_Bps=2 * GB, latency_s=50e-6),
         inter_link=link or LinkSpec(bandwidth_Bps=1 * GB, latency_s=100e-6),
         topology=Topology(kind=TopologyKind.SINGLE_SWITCH),
+        measured_collectives=cpu_measured_collectives(),
+        tensor_parallel="dtensor",  # what `paratrain train` runs here
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError, require_positive, require_positive_int
+from paratrain.errors import ConfigError, require_bool, require_positive, require_positive_int
 
 __all__ = ["DeviceSpec", "resolve_device", "cpu_calibration_path"]
 
@@ -42,6 +42,9 @@ class DeviceSpec:
     kernels run asynchronously on a stream, so the host runs ahead of the device while kernels are
     long and the device waits on the host only when they are short. A sequence of ``n`` kernels
     therefore takes ``max(sum of device times, n·host_issue_s)`` (0: never host-bound).
+    ``fused_attention``: the frameworks run fused (FlashAttention) kernels on this device by default;
+    ``attention_efficiency`` is the fraction of the tensor-core peak such a kernel sustains on long
+    sequences (before the tile shape efficiency of its ``s×s×d`` blocks).
     """
 
     name: str
@@ -64,11 +67,18 @@ class DeviceSpec:
     # Run-to-run variability of one compute action's duration (standard deviation / mean). 0: every
     # action takes its modelled time; > 0: the simulator draws durations around it (sim.variability).
     duration_cv: float = 0.0
+    # Host time DTensor adds per tensor-parallel module (its input/output redistribution, sharding
+    # propagation, autograd of the wrappers), forward and backward; `paratrain calibrate` measures
+    # it on a CPU. 0: not modelled (GPU presets: the host runs ahead of the kernels).
+    tp_dispatch_forward_s: float = 0.0
+    tp_dispatch_backward_s: float = 0.0
     # Memory a training process cannot give to its tensors (see usable_memory_bytes): a fixed part
     # (CUDA context, library workspaces, communication buffers) and the fraction of the rest the
     # caching allocator loses to fragmentation. Presets: GPU_MEMORY_RESERVE in device_presets.
     memory_reserved_bytes: int = 0
     memory_fragmentation: float = 0.0
+    fused_attention: bool = False
+    attention_efficiency: float = 0.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -81,7 +91,8 @@ class DeviceSpec:
             require_positive(f, getattr(self, f), allow_zero=True)
         for f in ("gemm_tile_m", "gemm_tile_n", "gemm_tile_k"):
             require_positive_int(f, getattr(self, f))
-        for f in ("gemm_efficiency", "memory_efficiency"):
+        require_bool("fused_attention", self.fused_attention)
+        for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency"):
             v = getattr(self, f)
             require_positive(f, v)
             if v > 1:
@@ -89,6 +100,8 @@ class DeviceSpec:
         require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
         require_positive("host_issue_s", self.host_issue_s, allow_zero=True)
         require_positive("duration_cv", self.duration_cv, allow_zero=True)
+        require_positive("tp_dispatch_forward_s", self.tp_dispatch_forward_s, allow_zero=True)
+        require_positive("tp_dispatch_backward_s", self.tp_dispatch_backward_s, allow_zero=True)
         if not isinstance(self.memory_reserved_bytes, int) or isinstance(self.memory_reserved_bytes, bool):
             raise ConfigError(
                 "memory_reserved_bytes", f"must be an integer, got {self.memory_reserved_bytes!r}", "give bytes"

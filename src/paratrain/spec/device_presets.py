@@ -28,7 +28,31 @@ GiB = 2**30
 #   eight LLMs trained on A100-80GB with recomputation and ZeRO; 10 % is charged here.
 GPU_MEMORY_RESERVE: dict[str, Any] = dict(memory_reserved_bytes=1 * GiB, memory_fragmentation=0.10)
 
+# Fused attention (FlashAttention-2 needs Ampere or newer: Dao 2023, and torch SDPA's flash backend
+# sm80+). Sustained forward+backward rates, long sequences, head size 128: A100 up to 225 of 312
+# TFLOP/s (FlashAttention-2 paper, fig. 6–7, 72 %); H100 with FlashAttention-2 (what torch SDPA and
+# FA2-based stacks run) about 335–370 of 989 TFLOP/s (FlashAttention-3 paper, Shah et al. 2024,
+# fig. 5–6, ~35 %). The fitted calibrations refine these.
+_A100_ATTENTION: dict[str, Any] = dict(fused_attention=True, attention_efficiency=0.72)
+_H100_ATTENTION: dict[str, Any] = dict(fused_attention=True, attention_efficiency=0.35)
+
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    # NVIDIA Tesla K80 datasheet (2014): per board two GK210 GPUs, 8.73 TF FP32 (boost), 24 GB GDDR5
+    # at 480 GB/s; one GPU (what a cloud "K80" and Gavel's k80 worker are) has half: 4.37 TF, 12 GB,
+    # 240 GB/s, 13 SMX (GK210: 13 of 15 enabled). No fast FP16 and no tensor cores.
+    "k80": DeviceSpec(
+        name="k80",
+        **GPU_MEMORY_RESERVE,
+        peak_fp32_flops=4.37 * T,
+        peak_fp16_flops=0.0,
+        peak_bf16_flops=0.0,
+        memory_bytes=12 * GiB,
+        memory_bandwidth_Bps=240 * GB,
+        sm_count=13,
+        gemm_tile_m=64,
+        gemm_tile_n=64,
+        gemm_efficiency=0.75,
+    ),
     # NVIDIA Tesla P100 SXM2 datasheet (2016): FP32 10.6 TF, FP16 21.2 TF, 16 GB HBM2 at 732 GB/s;
     # 56 SMs (Pascal GP100 whitepaper, Table 1). No tensor cores: small tiles.
     "p100": DeviceSpec(
@@ -63,6 +87,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "a100-40gb": DeviceSpec(
         name="a100-40gb",
         **GPU_MEMORY_RESERVE,
+        **_A100_ATTENTION,
         peak_fp32_flops=19.5 * T,
         peak_tf32_flops=156 * T,
         peak_bf16_flops=312 * T,
@@ -78,6 +103,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "a100-80gb": DeviceSpec(
         name="a100-80gb",
         **GPU_MEMORY_RESERVE,
+        **_A100_ATTENTION,
         peak_fp32_flops=19.5 * T,
         peak_tf32_flops=156 * T,
         peak_bf16_flops=312 * T,
@@ -95,6 +121,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "h100": DeviceSpec(
         name="h100",
         **GPU_MEMORY_RESERVE,
+        **_H100_ATTENTION,
         peak_fp32_flops=67 * T,
         peak_tf32_flops=494.7 * T,
         peak_bf16_flops=989.5 * T,
@@ -113,6 +140,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "h200": DeviceSpec(
         name="h200",
         **GPU_MEMORY_RESERVE,
+        **_H100_ATTENTION,
         peak_fp32_flops=67 * T,
         peak_tf32_flops=494.7 * T,
         peak_bf16_flops=989.5 * T,

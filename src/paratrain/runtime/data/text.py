@@ -27,7 +27,7 @@ import torch
 from paratrain.errors import ConfigError
 from paratrain.spec.model import Arch, ModelSpec
 
-from .models.base import IGNORE_INDEX
+from ..models.base import IGNORE_INDEX
 
 __all__ = ["Corpus", "Batch", "DataSource", "load_corpus", "stdlib_dir", "MLM_MASK_FRACTION"]
 

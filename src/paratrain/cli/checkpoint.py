@@ -1,0 +1,88 @@
+"""``paratrain checkpoint``: what a ``--checkpoint-dir`` holds, and full weights out of it.
+
+Examples::
+
+    paratrain checkpoint inspect ckpt/                 # every checkpoint: step, layout, size, integrity
+    paratrain checkpoint inspect ckpt/ --json
+    paratrain checkpoint export ckpt/ --to model.safetensors [--step 20]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from paratrain.cli.options import JsonOpt, print_json
+from paratrain.errors import ConfigError
+
+__all__ = ["register", "inspect", "export"]
+
+checkpoint_app = typer.Typer(help="Checkpoints of `paratrain train --checkpoint-dir`: inspect, export.",
+                             no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(checkpoint_app, name="checkpoint")
+
+
+def _existing_dir(directory: Path) -> None:
+    if not directory.exists():
+        raise ConfigError("DIR", f"{str(directory)!r} does not exist", "give a --checkpoint-dir of paratrain train")
+    if not directory.is_dir():
+        raise ConfigError("DIR", f"{str(directory)!r} is not a directory", "give a --checkpoint-dir of paratrain train")
+
+
+def _layout(parallel: dict | None) -> str:
+    if not parallel:
+        return "-"
+    return f"dp={parallel.get('dp')} tp={parallel.get('tp')} pp={parallel.get('pp')}"
+
+
+@checkpoint_app.command("inspect", help="List the checkpoints in DIR: step, layout, size, integrity (checksums).")
+def inspect(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="A --checkpoint-dir of paratrain train.")],
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.runtime.checkpoint.store import list_checkpoints
+
+    _existing_dir(directory)
+    found = list_checkpoints(directory)
+    complete = [c for c in found if c.complete]
+    doc = {"directory": str(directory), "checkpoints": [c.to_dict() for c in found],
+           "newest_complete_step": complete[-1].step if complete else None}
+    if json_out:
+        print_json(doc)
+        return
+    if not found:
+        typer.echo(f"{directory}: no paratrain checkpoint")
+        return
+    typer.echo(f"{'step':>8}  {'status':<10}  {'size':>10}  {'layout':<16}  {'model':<12}  problem")
+    for c in found:
+        d = c.to_dict()
+        typer.echo(f"{c.step:>8}  {c.status:<10}  {c.size_bytes / 2**20:>7.2f} MiB  {_layout(d['parallel']):<16}  "
+                   f"{d['model'] or '-':<12}  {c.problem or ''}".rstrip())
+    newest = doc["newest_complete_step"]
+    typer.echo(f"--resume would continue from step {newest}" if newest is not None
+               else "--resume would fail: no complete checkpoint")
+
+
+@checkpoint_app.command("export", help="Write the full model weights of a checkpoint as a safetensors file.")
+def export(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="A --checkpoint-dir of paratrain train.")],
+    to: Annotated[Path, typer.Option("--to", help="The .safetensors file to write.")],
+    step: Annotated[int | None, typer.Option("--step", help="Which checkpoint (default: newest complete).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.fileio import check_output_path
+    from paratrain.runtime.checkpoint.export import choose, export_safetensors
+
+    check_output_path(to, "--to")
+    _existing_dir(directory)
+    info = choose(directory, step)
+    path, n, size = export_safetensors(info, to)
+    if json_out:
+        print_json({"path": str(path), "step": info.step, "tensors": n, "size_bytes": size})
+        return
+    typer.echo(f"wrote {path}: {n} tensors, {size:,} bytes, from {info.path.name} (step {info.step})")

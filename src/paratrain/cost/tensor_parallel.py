@@ -1,0 +1,165 @@
+"""Tensor parallelism as the runtime runs it: the collectives DTensor issues per micro-batch, their
+time on the cluster, and the host time of DTensor's dispatch.
+
+The runtime (``paratrain.runtime.tensor_parallel``) applies Megatron-LM's split (Shoeybi et al.
+2019) through DTensor's ``ColwiseParallel`` / ``RowwiseParallel`` styles, one per ``nn.Linear``.
+What DTensor then communicates differs from Megatron-LM's fused layers, and this module counts it
+as DTensor issues it (checked against a recording of a gloo run in
+tests/runtime/test_calibrate_tp.py). With ``T`` tokens per micro-batch, ``h`` the hidden size and
+``A = T·h`` activation elements:
+
+- forward, per layer: the two row-parallel projections (attention output, second MLP GEMM) reduce
+  their partial sums: 2 all-reduces of ``A`` (Megatron's two), with sequence parallelism 2
+  reduce-scatters into the sequence-split residual stream plus 2 all-gathers of ``A`` where the
+  attention and MLP inputs are gathered back (``PrepareModuleInput``);
+- backward, per layer: *every* column-parallel linear turns its replicated input into a DTensor of
+  its own, so each one all-reduces its partial input gradient: Q, K, V and the first MLP GEMM (and
+  the SwiGLU gate) are 4 (5) all-reduces of ``A``, where Megatron-LM's fused QKV needs 2. With
+  sequence parallelism they stay all-reduces (the gradient of a ``Replicate`` input is reduced to
+  ``Replicate``, then sliced), the row-parallel reduce-scatters' backward adds 2 all-gathers of
+  ``A``, and the norms' replicated weights (and biases), applied to sequence shards, all-reduce
+  their partial gradients: one all-reduce of ``h`` per norm parameter tensor;
+- the vocabulary-parallel embedding all-reduces its output (``A``; its backward, on token ids,
+  needs none; with sequence parallelism its sequence slice's backward all-gathers ``A``);
+- the head's column-parallel output projection all-reduces its input gradient (``A``; with
+  sequence parallelism its input is first all-gathered, ``A``), and ``loss_parallel``'s
+  cross-entropy all-reduces three fp32 values per token in the forward (the row maximum, the sum
+  of exponentials, the target's logit).
+
+Times: a collective's time is read from the cluster's ``measured_collectives`` (timed by
+``paratrain calibrate`` as the runtime issues them: right after compute, every group at once) by a
+least-squares line in bytes, where it holds that kind and group size; else the alpha-beta model
+(:func:`paratrain.cost.collectives.collective_time`). DTensor's host time is
+``tp_dispatch_forward_s`` / ``tp_dispatch_backward_s`` of the device per parallelized module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paratrain.cost.collectives import collective_time
+from paratrain.cost.compute import dtype_bytes
+from paratrain.spec.cluster import ClusterSpec
+from paratrain.spec.model import Activation, ModelSpec
+
+__all__ = ["TPCollective", "TPPart", "tp_parts", "tp_part_times", "measured_time"]
+
+LOSS_VALUES_PER_TOKEN = 3  # loss_parallel: row maximum, sum of exponentials, target logit (fp32)
+
+
+@dataclass(frozen=True)
+class TPCollective:
+    """``count`` collectives of ``kind`` over the tensor-parallel group, ``nbytes`` per rank each
+    (the input of an all-reduce or reduce-scatter, the output of an all-gather)."""
+
+    kind: str
+    nbytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class TPPart:
+    """What one piece (a layer, the embedding or the head with the loss) issues per micro-batch:
+    its collectives and its tensor-parallel modules (each a DTensor dispatch), forward and backward."""
+
+    forward: tuple[TPCollective, ...]
+    backward: tuple[TPCollective, ...]
+    modules: int
+
+
+def _norm_param_tensors(model: ModelSpec) -> int:
+    """Parameter tensors of one norm: RMSNorm a weight, LayerNorm a weight and a bias."""
+    return 1 if model.norm_params() == model.hidden else 2
+
+
+def _megatron_parts(act: int, loss: TPCollective, sequence_parallel: bool) -> dict[str, TPPart]:
+    """Megatron-LM's fused layers (Shoeybi et al. 2019, fig. 3): each layer all-reduces its output
+    twice in the forward and its input gradient twice in the backward (fused QKV: one gradient for
+    the three). With sequence parallelism each all-reduce becomes an all-gather + reduce-scatter
+    pair of the same buffer (Korthikanti et al. 2022, sec. 4.2.2); the backward's re-gather of the
+    inputs for the weight gradients overlaps with the input-gradient GEMMs and is not counted. The
+    embedding all-reduces (reduce-scatters) its output, the head all-reduces (with SP all-gathers
+    its input and reduce-scatters) its input gradient. Fused kernels: no host dispatch counted."""
+    if sequence_parallel:
+        pair = (TPCollective("all_gather", act, 2), TPCollective("reduce_scatter", act, 2))
+        gather, scatter = TPCollective("all_gather", act, 1), TPCollective("reduce_scatter", act, 1)
+        return {"layer": TPPart(pair, pair, 0), "embedding": TPPart((scatter,), (gather,), 0),
+                "head": TPPart((gather, loss), (scatter,), 0)}
+    ar = TPCollective("all_reduce", act, 1)
+    return {"layer": TPPart((TPCollective("all_reduce", act, 2),), (TPCollective("all_reduce", act, 2),), 0),
+            "embedding": TPPart((ar,), (), 0), "head": TPPart((loss,), (ar,), 0)}
+
+
+def tp_parts(
+    model: ModelSpec, *, sequence_parallel: bool, microbatch: int, dtype: str, runtime: str = "dtensor"
+) -> dict[str, TPPart]:
+    """The collectives issued per micro-batch by a layer, the embedding and the head
+    (``{"layer", "embedding", "head"}``): as DTensor runs paratrain's plan (``runtime="dtensor"``,
+    derived in this module's docstring) or as Megatron-LM's fused layers do (``"megatron"``)."""
+    e = dtype_bytes(dtype)
+    tokens = microbatch * model.seq
+    act = tokens * model.hidden * e
+    loss = TPCollective("all_reduce", 4 * tokens, LOSS_VALUES_PER_TOKEN)
+    if runtime == "megatron":
+        return _megatron_parts(act, loss, sequence_parallel)
+    column = 5 if model.activation is Activation.SWIGLU else 4  # q, k, v, fc1 (+ gate)
+    row = 2  # attention output, fc2
+    if sequence_parallel:
+        norms = 2 * _norm_param_tensors(model)
+        layer = TPPart(
+            forward=(TPCollective("all_gather", act, 2), TPCollective("reduce_scatter", act, row)),
+            backward=(TPCollective("all_reduce", act, column), TPCollective("all_gather", act, row),
+                      TPCollective("all_reduce", model.hidden * e, norms)),
+            modules=column + row + 4,  # + the two norms and the two gathered inputs
+        )
+        embedding = TPPart(forward=(TPCollective("all_reduce", act, 1),),
+                           backward=(TPCollective("all_gather", act, 1),), modules=2)
+        head = TPPart(forward=(TPCollective("all_gather", act, 1), loss),
+                      backward=(TPCollective("all_reduce", act, 1),), modules=3)
+    else:
+        layer = TPPart(forward=(TPCollective("all_reduce", act, row),),
+                       backward=(TPCollective("all_reduce", act, column),), modules=column + row)
+        embedding = TPPart(forward=(TPCollective("all_reduce", act, 1),), backward=(), modules=1)
+        head = TPPart(forward=(loss,), backward=(TPCollective("all_reduce", act, 1),), modules=2)
+    return {"layer": layer, "embedding": embedding, "head": head}
+
+
+def measured_time(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> float | None:
+    """The time of a ``kind`` collective of ``nbytes`` over ``group`` ranks from the cluster's
+    ``measured_collectives``: Hockney's ``alpha + n/beta`` fitted by least squares to the
+    measured sizes of that kind and group (a line through three noisy points of a shared machine
+    rather than a path through each); without a positive slope, their mean; without a positive
+    intercept, the line through the origin. None when not measured."""
+    pts = [(float(b), s) for k, g, b, s in cluster.measured_collectives if k == kind and g == group]
+    if not pts:
+        return None
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx > 0 else 0.0
+    if slope <= 0:
+        return my
+    alpha = my - slope * mx
+    if alpha < 0:
+        return nbytes * sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
+    return alpha + slope * nbytes
+
+
+def _collective_s(cluster: ClusterSpec, ranks: tuple[int, ...], c: TPCollective) -> float:
+    t = measured_time(cluster, c.kind, len(ranks), c.nbytes)
+    if t is None:
+        t = collective_time(c.kind, c.nbytes, ranks, cluster).time_s
+    return c.count * t
+
+
+def tp_part_times(
+    part: TPPart, cluster: ClusterSpec, ranks: tuple[int, ...]
+) -> tuple[float, float, float, float]:
+    """``(forward collectives, backward collectives, forward dispatch, backward dispatch)`` of one
+    piece on the tensor-parallel group ``ranks``, in seconds (all 0 for a group of one)."""
+    if len(ranks) == 1:
+        return 0.0, 0.0, 0.0, 0.0
+    dev = cluster.device
+    return (sum(_collective_s(cluster, ranks, c) for c in part.forward),
+            sum(_collective_s(cluster, ranks, c) for c in part.backward),
+            part.modules * dev.tp_dispatch_forward_s, part.modules * dev.tp_dispatch_backward_s)

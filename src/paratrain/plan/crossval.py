@@ -1,0 +1,171 @@
+"""Per-device calibration fitted on measured runs of several sources, checked by leave-one-source-out
+cross validation.
+
+A *sample* is one measured run: a vTrain row (Megatron-DeepSpeed on A100, predicted by
+:func:`paratrain.plan.validate.megatron_predictor`) or a public-runs row
+(:mod:`paratrain.plan.publicruns`). The calibration of a device is five physically meaningful
+numbers, fitted by least squares (soft-L1) on the log of predicted / measured step time:
+
+- ``gemm_efficiency``: fraction of peak a large GEMM sustains;
+- ``attention_efficiency``: fraction of peak the fused attention kernels sustain;
+- ``memory_efficiency``: fraction of peak bandwidth the memory-bound kernels sustain;
+- ``link_scale``: achieved / nominal bandwidth of the NVLink and NIC links (one factor for both);
+- ``host_issue_s``: host time to issue one kernel (eager frameworks).
+
+Each source weighs the same in the fit (residuals scaled by ``1/sqrt(rows of the source)``), so
+vTrain's 1,549 rows do not drown a published table of five. Leave-one-source-out: for every source,
+fit on all the other sources (the devices the source uses) and predict the source; a calibration
+that predicts only its own data is no fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from paratrain.errors import ConfigError
+from paratrain.plan.publicruns import PublicRun, predict_step_s, run_cluster
+from paratrain.plan.validate import Calibration, MeasuredRun, megatron_predictor, vtrain_cluster, with_calibration
+from paratrain.spec.cluster import ClusterSpec
+
+__all__ = [
+    "Sample", "FIT_NAMES", "DEVICES", "start_calibration", "predict_samples", "fit_device", "cross_validate",
+    "vtrain_samples", "public_samples",
+]
+
+DEVICES = ("a100", "h100")
+FIT_NAMES = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "link_scale", "host_issue_s")
+_BOUNDS = {
+    "gemm_efficiency": (0.3, 1.0),
+    "attention_efficiency": (0.1, 1.0),
+    "memory_efficiency": (0.2, 1.0),
+    "link_scale": (0.2, 1.5),
+    "host_issue_s": (0.0, 200e-6),
+}
+_SCALE = {"host_issue_s": 1e-5}  # fitted in units of 10 µs
+
+
+@dataclass(frozen=True)
+class Sample:
+    source: str
+    device: str  # a100 | h100
+    run: MeasuredRun | PublicRun
+    measured_s: float
+
+
+def vtrain_samples(runs: Sequence[MeasuredRun], source: str) -> list[Sample]:
+    return [Sample(source, "a100", r, r.time_s) for r in runs]
+
+
+def public_samples(runs: Sequence[PublicRun]) -> list[Sample]:
+    return [Sample(r.source, r.device, r, r.time_s) for r in runs]
+
+
+def start_calibration(cluster: ClusterSpec) -> Calibration:
+    """The presets as a calibration: the device's efficiencies, the nominal links."""
+    dev = cluster.device
+    return Calibration(
+        gemm_efficiency=dev.gemm_efficiency, memory_efficiency=dev.memory_efficiency,
+        kernel_overhead_s=dev.kernel_overhead_s, intra_bandwidth_Bps=cluster.intra_link.bandwidth_Bps,
+        intra_latency_s=cluster.intra_link.latency_s, link_efficiency=1.0, host_issue_s=dev.host_issue_s,
+        attention_efficiency=dev.attention_efficiency,
+    )
+
+
+def _predict_one(
+    sample: Sample, cal: Calibration | None, clusters: dict[str, ClusterSpec], megatron: Callable[..., float]
+) -> float:
+    from paratrain.plan import validate
+
+    run = sample.run
+    if isinstance(run, MeasuredRun):
+        cluster = vtrain_cluster(clusters["a100"], run.gpus, cal)
+        return megatron(validate.run_model(run), cluster, validate.run_config(run))
+    cluster = run_cluster(run, clusters)
+    if cal is not None:
+        cluster = with_calibration(cluster, cal)
+    return predict_step_s(run, cluster)
+
+
+def predict_samples(
+    samples: Sequence[Sample], calibrations: dict[str, Calibration | None], clusters: dict[str, ClusterSpec],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """Predicted step time of every sample with its device's calibration (``None``: the presets)."""
+    megatron = megatron_predictor("analytic")
+    out = []
+    for s in samples:
+        out.append(_predict_one(s, calibrations.get(s.device), clusters, megatron))
+        if progress is not None:
+            progress(len(out), len(samples))
+    return out
+
+
+def _calibration(start: Calibration, x: Sequence[float]) -> Calibration:
+    v = {n: float(xi) * _SCALE.get(n, 1.0) for n, xi in zip(FIT_NAMES, x, strict=True)}
+    link = v.pop("link_scale")
+    return dataclasses.replace(
+        start, **v, intra_bandwidth_Bps=start.intra_bandwidth_Bps * link, link_efficiency=start.link_efficiency * link
+    )
+
+
+def fit_device(
+    samples: Sequence[Sample], start: Calibration, clusters: dict[str, ClusterSpec], *, max_evaluations: int = 200,
+) -> tuple[Calibration, dict[str, Any]]:
+    """Least-squares fit of one device's calibration to ``samples`` (all on that device)."""
+    from scipy.optimize import least_squares
+
+    if not samples:
+        raise ConfigError("samples", "nothing to fit", "give measured runs of the device")
+    devices = {s.device for s in samples}
+    if len(devices) != 1:
+        raise ConfigError("samples", f"mix devices {sorted(devices)}", "fit one device at a time")
+    (device,) = devices
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.source] = counts.get(s.source, 0) + 1
+    weights = [1.0 / math.sqrt(counts[s.source]) for s in samples]
+    megatron = megatron_predictor("analytic")
+
+    def residuals(x: Sequence[float]) -> list[float]:
+        cal = _calibration(start, x)
+        return [w * math.log(_predict_one(s, cal, clusters, megatron) / s.measured_s)
+                for s, w in zip(samples, weights, strict=True)]
+
+    start_x = {"gemm_efficiency": start.gemm_efficiency, "attention_efficiency": start.attention_efficiency or 0.5,
+               "memory_efficiency": start.memory_efficiency, "link_scale": 1.0,
+               "host_issue_s": max(start.host_issue_s, 10e-6)}
+    x0 = [min(max(start_x[n], _BOUNDS[n][0]), _BOUNDS[n][1]) / _SCALE.get(n, 1.0) for n in FIT_NAMES]
+    lo = [_BOUNDS[n][0] / _SCALE.get(n, 1.0) for n in FIT_NAMES]
+    hi = [_BOUNDS[n][1] / _SCALE.get(n, 1.0) for n in FIT_NAMES]
+    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, max_nfev=max_evaluations,
+                        diff_step=0.02)
+    return _calibration(start, res.x), {
+        "device": device, "rows": len(samples), "sources": sorted(counts), "evaluations": int(res.nfev),
+        "cost": float(res.cost),
+    }
+
+
+def cross_validate(
+    samples: Sequence[Sample], starts: dict[str, Calibration], clusters: dict[str, ClusterSpec], *,
+    max_evaluations: int = 200, progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, list[float]]:
+    """Leave-one-source-out: the predicted time of every sample of each source by calibrations fitted
+    on the other sources' samples of the same device. A device no other source measures keeps its
+    ``starts`` calibration (and the report says so)."""
+    sources = sorted({s.source for s in samples})
+    out: dict[str, list[float]] = {}
+    for i, src in enumerate(sources):
+        if progress is not None:
+            progress(i, len(sources), src)
+        held = [s for s in samples if s.source == src]
+        cals: dict[str, Calibration | None] = {}
+        for dev in sorted({s.device for s in held}):
+            train = [s for s in samples if s.source != src and s.device == dev]
+            cals[dev] = fit_device(train, starts[dev], clusters, max_evaluations=max_evaluations)[0] if train \
+                else starts[dev]
+        out[src] = predict_samples(held, cals, clusters)
+    return out

@@ -1,0 +1,296 @@
+"""The two phases of a checkpoint, when to take one, and resuming: :class:`Checkpointer`.
+
+At a step boundary the step loop calls :meth:`Checkpointer.after_step`. When a checkpoint is due
+it takes references to the state (:func:`.state.capture`, cheap) and starts one background thread:
+
+1. *snapshot*: host copies of every tensor (:func:`.state.snapshot`). It overlaps the next step's
+   forward and backward; a pre-hook on AdamW's ``step`` waits for it, so the optimizer never
+   changes a weight the snapshot has not copied yet (CheckFreq's ``weight_update`` spin;
+   torchtitan's ``maybe_wait_for_staging`` before ``optimizer.step()``);
+2. *persist*: ``torch.distributed.checkpoint.save`` of the copies (every rank writes its pieces,
+   fsynced, on a gloo group of its own so it never interleaves with training's collectives), then
+   rank 0 writes the completion marker with every file's checksum and prunes to ``--keep``.
+
+A new checkpoint first joins the previous thread: at most one checkpoint is in flight. How often
+(:mod:`.frequency`): every N steps; every N seconds (converted with the measured step time); or
+``auto``, CheckFreq's tuner: after :data:`~.frequency.PROFILE_STEPS` timed steps a first,
+synchronous checkpoint measures snapshot and persist time, then ``k`` is chosen and re-tuned at each
+checkpoint from the overhead measured over the last interval. Every rank decides the same ``k``
+from the maximum of the ranks' measurements (one small all-reduce per decision, at a checkpoint).
+The end of the run always writes a checkpoint of the last step (synchronously).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from paratrain.errors import ConfigError
+from paratrain.runtime import faults
+from paratrain.runtime.optim import lr_at
+
+from . import frequency, state, store
+from .reshard import load_into
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from paratrain.runtime.train import Trainer
+
+__all__ = ["Checkpointer"]
+
+MIN_INTERVAL_STEPS = 2  # an interval of one step is too noisy a measure of overhead to re-tune on
+
+
+class Checkpointer:
+    """Checkpoints of one rank's trainer into ``train.checkpoint_dir`` (module docstring).
+
+    Construct on every rank after the trainer (it creates a process group: a collective).
+    ``say``: the step console's rank-0 line printer.
+    """
+
+    def __init__(self, trainer: Trainer, say: Callable[[str], None]) -> None:
+        t = trainer.train
+        assert t.checkpoint_dir is not None
+        self.trainer, self.say = trainer, say
+        self.root = Path(t.checkpoint_dir)
+        self.every = frequency.parse_every(t.checkpoint_every)
+        self.keep, self.bound = t.keep, t.checkpoint_overhead
+        self.rank, self.world = trainer.ctx.rank, trainer.ctx.world_size
+        self.group = dist.new_group(backend="gloo")  # DCP's collectives, apart from training's
+        self._hook = trainer.optimizer.adamw.register_step_pre_hook(self._before_update)
+        self._snapshotted = threading.Event()
+        self._snapshotted.set()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._inflight: dict[str, Any] | None = None  # the checkpoint being written
+        self._last: dict[str, Any] | None = None  # measurements of the last finished one
+        self._stall_s = 0.0  # waited inside the current step (snapshot not done at the update)
+        self._start = 0
+        self._k = 0  # current interval (auto, seconds)
+        self._next_at: int | None = None
+        self._decide_at: int | None = None
+        self._times: list[float] = []  # step times since the last checkpoint
+        self._stalls = 0.0  # stalls since the last checkpoint
+        self._clean: list[float] = []  # step times with no checkpoint activity: the baseline
+        self.saved: list[int] = []
+        self.last_overhead: float | None = None  # measured over the last interval (auto)
+
+    # ----- resume ---------------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Load the newest complete checkpoint (``--resume``); returns the step to run next."""
+        info, skipped = store.resume_checkpoint(self.root)
+        manifest = info.manifest or {}
+        tr = self.trainer
+        store.check_compatible(manifest, tr.spec.to_dict(), tr.train.seed)
+        step = int(manifest["step"])
+        if step >= tr.train.steps:
+            raise ConfigError("--resume", f"the newest checkpoint is at step {step}, and --steps is {tr.train.steps}",
+                              f"use --steps above {step} to train further")
+        for c in skipped:
+            self.say(f"checkpoint {c.path.name} skipped: {c.status} ({c.problem})")
+        start = time.perf_counter()
+        try:
+            load_into(tr, info)
+        except ValueError as e:
+            raise ConfigError("--resume", f"{info.path} does not fit this model: {e}",
+                              "resume with the model flags of the run that wrote it") from None
+        was = manifest.get("parallel", {})
+        if was.get("global_batch") != tr.config.global_batch:
+            self.say(f"note: global batch {tr.config.global_batch} differs from the checkpoint's "
+                     f"{was.get('global_batch')}: the batches from step {step} on differ from the first run's")
+        self.say(f"resumed from {info.path} (step {step}, saved under dp={was.get('dp')} tp={was.get('tp')} "
+                 f"pp={was.get('pp')}) in {time.perf_counter() - start:.3f} s")
+        self.saved.append(step)
+        return self._begin(step)
+
+    def begin(self) -> int:
+        """Start without resuming; returns 0, the step to run first."""
+        return self._begin(0)
+
+    @property
+    def interval(self) -> int | None:
+        """Steps between checkpoints as last decided (``None`` before the first decision)."""
+        if self.every.kind == "steps":
+            return int(self.every.value)
+        return self._k or None
+
+    def _begin(self, step: int) -> int:
+        self._start = step
+        if self.every.kind == "steps":
+            n = int(self.every.value)
+            self._next_at = (step // n + 1) * n
+        else:
+            self._decide_at = step + 1 + frequency.PROFILE_STEPS
+        return step
+
+    # ----- the step boundary ------------------------------------------------------------------------
+    def after_step(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
+        """Called with each step's metrics row, after the step; returns the row's checkpoint keys."""
+        done = step + 1  # optimizer steps completed: the checkpoint's step
+        start = time.perf_counter()
+        busy = self._inflight is not None or self._stall_s > 0
+        self._poll()
+        if step > self._start:  # the first step after start-up allocates and warms up
+            self._times.append(row["step_time_s"])
+            if not busy:
+                self._clean.append(row["step_time_s"])
+        extra: dict[str, Any] = {}
+        if done < self.trainer.train.steps:
+            if self._decide_at == done and self.every.kind == "seconds":
+                self._k = frequency.steps_for_seconds(self.every.value, self._reduce_max([self._baseline()])[0])
+                self._next_at, self._decide_at = done + self._k, None
+            elif self._decide_at == done:  # auto: a first checkpoint, synchronous, measures its costs
+                self._next_at, self._decide_at = done, None
+            if self._next_at == done:
+                self._take(done, "auto-profile" if self.every.kind == "auto" and not self._k else "interval")
+                extra["checkpoint_step"] = done
+        stall = self._stall_s + time.perf_counter() - start
+        self._stalls += stall
+        self._stall_s = 0.0
+        if extra or stall > 1e-4:
+            extra["checkpoint_stall_s"] = stall
+        return extra
+
+    def _baseline(self) -> float:
+        pool = self._clean or self._times
+        return statistics.median(pool) if pool else 0.0
+
+    def _reduce_max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t.tolist()
+
+    def _take(self, done: int, reason: str) -> None:
+        self._join()
+        last = self._last or {}
+        if self.every.kind == "auto" and self._k:
+            base, stall, persist, over = self._reduce_max([
+                self._baseline(), last.get("stall_s", 0.0), last.get("persist_s", 0.0),
+                frequency.interval_overhead(self._times, self._stalls, self._baseline())])
+            # k never shrinks (CheckFreq's rule too): a quiet interval after a stretch would
+            # otherwise undo it, and the two would alternate
+            k = max(self._k, frequency.interval_for(base, stall, persist, self.bound))
+            if over > self.bound and len(self._times) >= MIN_INTERVAL_STEPS:
+                k = max(k, frequency.retune(self._k, over, self.bound))
+            if k != self._k:
+                self.say(f"checkpoint interval: every {k} steps (auto: step {base:.3g} s, stall {stall:.3g} s, "
+                         f"persist {persist:.3g} s, last interval's overhead {100 * over:.1f}%)")
+            self._k = k
+            self.last_overhead = over
+        elif self.every.kind == "seconds":
+            self._k = frequency.steps_for_seconds(self.every.value, self._reduce_max([self._baseline()])[0])
+        self._start_checkpoint(done, reason)
+        if reason == "auto-profile":
+            t0 = time.perf_counter()
+            self._join()
+            last = self._last or {}
+            # this one waited for its persist on purpose; overlapped, training waits at most for the copy
+            last["stall_s"] = last.get("snapshot_s", 0.0)
+            base, snap, persist = self._reduce_max([self._baseline(), last.get("snapshot_s", 0.0),
+                                                    last.get("persist_s", 0.0)])
+            self._k = frequency.interval_for(base, snap, persist, self.bound)
+            self._stalls += time.perf_counter() - t0
+            self.say(f"checkpoint interval: every {self._k} steps (auto: step {base:.3g} s, snapshot {snap:.3g} s, "
+                     f"persist {persist:.3g} s, bound {100 * self.bound:g}%)")
+        if self.every.kind == "steps":
+            self._next_at = done + int(self.every.value)
+        else:
+            self._next_at = done + self._k
+        # too short an interval (k = 1) is measured together with the next one
+        if reason == "auto-profile" or len(self._times) >= MIN_INTERVAL_STEPS:
+            self._times, self._stalls = [], 0.0
+
+    def _start_checkpoint(self, done: int, reason: str) -> None:
+        tr = self.trainer
+        cap = state.capture(tr)
+        c = tr.config
+        manifest = {"step": done, "reason": reason, "model": tr.spec.name, "model_spec": tr.spec.to_dict(),
+                    "parallel": c.to_dict(), "dp_impl": tr.train.dp_impl, "world_size": self.world,
+                    "seed": tr.train.seed, "steps": tr.train.steps, "created_unix_s": time.time(),
+                    "lr": lr_at(min(done, tr.train.steps - 1), tr.train)}  # of the next step
+        self._inflight = {"step": done, "started": time.perf_counter()}
+        self._snapshotted.clear()
+        self.say(f"checkpoint step {done}: snapshot started ({reason})")
+        self._thread = threading.Thread(target=self._write, args=(cap, manifest), name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def _write(self, cap: state.Capture, manifest: dict[str, Any]) -> None:
+        done = manifest["step"]
+        info = self._inflight
+        assert info is not None
+        try:
+            t0 = time.perf_counter()
+            copies = state.snapshot(cap, halfway=lambda: faults.maybe_inject_checkpoint_fault(self.rank, done,
+                                                                                             "snapshot"))
+            info["snapshot_s"] = time.perf_counter() - t0
+            self._snapshotted.set()
+            t1 = time.perf_counter()
+            path = store.step_dir(self.root, done)
+            if self.rank == 0 and path.exists():  # a leftover of an earlier run; no rank writes before rank 0 plans
+                shutil.rmtree(path)
+            writer = FileSystemWriter(str(path), sync_files=True, single_file_per_rank=True, thread_count=1)
+            dcp.save(copies, storage_writer=writer, process_group=self.group)
+            faults.maybe_inject_checkpoint_fault(self.rank, done, "persist")
+            if self.rank == 0:
+                store.write_marker(path, manifest, before_rename=lambda: faults.maybe_inject_checkpoint_fault(
+                    self.rank, done, "marker"))
+                info["pruned"] = store.prune(self.root, self.keep)
+                info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            info["persist_s"] = time.perf_counter() - t1
+        except BaseException as e:  # noqa: BLE001 - re-raised on the training thread at the next join
+            self._error = e
+        finally:
+            self._snapshotted.set()
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._snapshotted.is_set():
+            t0 = time.perf_counter()
+            self._snapshotted.wait()
+            waited = time.perf_counter() - t0
+            self._stall_s += waited
+            if self._inflight is not None:
+                self._inflight["wait_s"] = self._inflight.get("wait_s", 0.0) + waited
+
+    def _poll(self) -> None:
+        if self._thread is not None and not self._thread.is_alive():
+            self._join()
+
+    def _join(self) -> None:
+        if self._thread is None:
+            return
+        t0 = time.perf_counter()
+        self._thread.join()
+        self._stall_s += time.perf_counter() - t0
+        self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        info = self._inflight or {}
+        self._inflight = None
+        info["stall_s"] = info.get("wait_s", 0.0) + (time.perf_counter() - t0)
+        self._last = info
+        self.saved.append(info["step"])
+        size = info.get("size_bytes")
+        self.say(f"checkpoint step {info['step']} complete" + (f": {size / 2**20:.2f} MiB" if size else "") +
+                 f", snapshot {info.get('snapshot_s', 0):.3f} s, persist {info.get('persist_s', 0):.3f} s"
+                 + (f", pruned {len(info['pruned'])}" if info.get("pruned") else ""))
+
+    # ----- end of run -------------------------------------------------------------------------------
+    def finish(self, steps: int) -> None:
+        """The final checkpoint (the last step's state), written before returning."""
+        if steps not in self.saved and (self._inflight or {}).get("step") != steps:
+            self._join()
+            self._start_checkpoint(steps, "final")
+        self._join()
+        self._hook.remove()

@@ -1,0 +1,159 @@
+"""What a checkpoint holds, keyed by full-model name so that any layout can load it.
+
+Keys (DCP state-dict keys; values are this rank's tensors, DTensors where the layout shards them)::
+
+    model/<name>               parameter <name> of the whole model (``embed.tok.weight``, …)
+    optim/<name>/exp_avg       AdamW's first moment of that parameter
+    optim/<name>/exp_avg_sq    AdamW's second moment
+    optim/<name>/step          AdamW's step count (a scalar)
+    rng/rank<r>/cpu            torch's CPU generator state of global rank r
+    rng/rank<r>/cuda           the CUDA generator of rank r's device (GPU runs)
+
+The step (and so the learning rate and the data position: a batch is a function of seed and step)
+lives in the completion marker. Parameters that a layout holds twice (a Chimera replica, a tied
+embedding on the first and last pipeline stage) are saved from one copy and loaded into all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from paratrain.runtime.train import Trainer
+
+__all__ = ["Capture", "named_parameters", "capture", "snapshot", "load_targets", "apply_loaded", "MOMENTS"]
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def named_parameters(trainer: Trainer) -> dict[str, list[torch.nn.Parameter]]:
+    """This rank's trainable parameters by full-model name, every copy it holds (first: the one saved)."""
+    ex: Any = trainer.executor
+    out: dict[str, list[torch.nn.Parameter]] = {}
+    if getattr(trainer, "schedule", None) is None:
+        for name, p in ex.model.named_parameters():
+            if p.requires_grad:
+                out.setdefault(name.removeprefix("module."), []).append(p)
+        return out
+    # a pipeline: chunks of replica 0 first, so the first copy of a name is replica 0's
+    for ch in sorted(ex.chunks, key=lambda c: (c.replica, c.chunk)):
+        names = ex.layout.canonical[(ch.chunk, ch.replica)]
+        for local, p in ch.params.items():
+            copies = out.setdefault(names[local], [])
+            if all(q is not p for q in copies):
+                copies.append(p)
+    return out
+
+
+@dataclass
+class Capture:
+    """References taken at a step boundary: (key, tensor) pairs whose values the snapshot copies
+    before the next optimizer step changes them; RNG states are already copies."""
+
+    tensors: list[tuple[str, torch.Tensor]]
+    rng: dict[str, torch.Tensor]
+
+
+def capture(trainer: Trainer) -> Capture:
+    """What to save, by reference (cheap; on the training thread, at the step boundary).
+
+    FSDP2 swaps a module's registered parameters for gathered ones during forward, so the sharded
+    tensors are taken here, not by the snapshot thread."""
+    opt_state = trainer.optimizer.adamw.state
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for name, copies in sorted(named_parameters(trainer).items()):
+        p = copies[0]
+        tensors.append((f"model/{name}", p))
+        st = opt_state.get(p, {})
+        for k in (*MOMENTS, "step"):
+            if k in st:
+                tensors.append((f"optim/{name}/{k}", st[k]))
+    rank = trainer.ctx.rank
+    rng = {f"rng/rank{rank}/cpu": torch.get_rng_state()}
+    if trainer.ctx.device.type == "cuda":
+        rng[f"rng/rank{rank}/cuda"] = torch.cuda.get_rng_state(trainer.ctx.device)
+    return Capture(tensors, rng)
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, DTensor):
+        local = t.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride())
+    return t.detach().to("cpu", copy=True)
+
+
+def snapshot(cap: Capture, *, halfway: Any = None) -> dict[str, Any]:
+    """Host-memory copies of everything captured (the snapshot phase; runs on a background
+    thread). ``halfway`` is called once half the tensors are copied (fault injection)."""
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for i, (key, t) in enumerate(cap.tensors):
+            out[key] = _host_copy(t)
+            if halfway is not None and i == len(cap.tensors) // 2:
+                halfway()
+    out.update(cap.rng)
+    return out
+
+
+def load_targets(trainer: Trainer, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The state dict to load into: this layout's own parameters and AdamW state (created here,
+    as AdamW would on its first step), and this rank's RNG states when the checkpoint has them.
+
+    ``saved``: the checkpoint's DCP metadata by key (shapes and dtypes). Raises ValueError naming
+    the first parameter the checkpoint lacks or holds with another shape.
+    """
+    adamw = trainer.optimizer.adamw
+    out: dict[str, torch.Tensor] = {}
+    for name, copies in sorted(named_parameters(trainer).items()):
+        p = copies[0]
+        key = f"model/{name}"
+        if key not in saved:
+            raise ValueError(f"the checkpoint has no parameter {name!r}")
+        shape = tuple(saved[key].size)
+        if shape != tuple(p.shape):
+            raise ValueError(f"parameter {name!r} is {list(shape)} in the checkpoint, {list(p.shape)} here")
+        out[key] = p
+        if f"optim/{name}/step" in saved:
+            for q in copies:
+                st = adamw.state[q]
+                for k in MOMENTS:
+                    st[k] = torch.zeros_like(q, memory_format=torch.preserve_format)
+                st["step"] = torch.zeros((), dtype=saved[f"optim/{name}/step"].properties.dtype)
+            st = adamw.state[p]
+            for k in (*MOMENTS, "step"):
+                out[f"optim/{name}/{k}"] = st[k]
+    rank = trainer.ctx.rank
+    for kind in ("cpu", "cuda"):
+        key = f"rng/rank{rank}/{kind}"
+        if key in saved and (kind == "cpu" or trainer.ctx.device.type == "cuda"):
+            out[key] = torch.empty(tuple(saved[key].size), dtype=torch.uint8)
+    return out
+
+
+def apply_loaded(trainer: Trainer, loaded: dict[str, torch.Tensor]) -> None:
+    """After DCP filled ``loaded`` in place: copy into the other copies of each parameter and its
+    AdamW state, and restore this rank's generators."""
+    adamw = trainer.optimizer.adamw
+    with torch.no_grad():
+        for copies in named_parameters(trainer).values():
+            first = copies[0]
+            for q in copies[1:]:
+                _local(q).copy_(_local(first))
+                if first in adamw.state:
+                    for k, v in adamw.state[first].items():
+                        if isinstance(v, torch.Tensor):
+                            _local(adamw.state[q][k]).copy_(_local(v))
+    rank = trainer.ctx.rank
+    if f"rng/rank{rank}/cpu" in loaded:
+        torch.set_rng_state(loaded[f"rng/rank{rank}/cpu"])
+    if f"rng/rank{rank}/cuda" in loaded:
+        torch.cuda.set_rng_state(loaded[f"rng/rank{rank}/cuda"], trainer.ctx.device)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t

@@ -1,0 +1,146 @@
+"""The sparse baselines Ok-Topk is measured against (Li & Hoefler, PPoPP'22, §5), in the same
+interface: TopkA, gTop-k and Gaussiank. Each keeps a residual (error feedback) and leaves in the
+flat gradient the group's sum of what it kept."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .base import Comm, ReductionStats, index_dtype
+from .select import gaussian_threshold, k_of, select
+
+__all__ = ["TopkA", "GTopk", "Gaussiank"]
+
+
+class _Sparse:
+    name = "sparse"
+
+    def __init__(self, group: dist.ProcessGroup | None, density: float) -> None:
+        self.comm = Comm(group)
+        self.density = density
+        self.residual: torch.Tensor | None = None
+
+    def residual_norm(self) -> float:
+        return 0.0 if self.residual is None else float(self.residual.norm())
+
+    def _acc(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.residual is None:
+            self.residual = torch.zeros_like(flat)
+        return self.residual.add_(flat)  # g + residual, in the residual's memory
+
+    @staticmethod
+    def _top_k(mag: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
+        """Sorted indices of the k largest magnitudes and the k-th largest (0: all kept)."""
+        if k >= mag.numel():
+            return torch.arange(mag.numel(), device=mag.device), 0.0
+        top = torch.topk(mag, k, sorted=False)
+        return top.indices.sort().values, float(top.values.min())
+
+    def _gather_sum(self, flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
+        """``flat`` = the sum of every rank's (idx, vals); counts may differ (padded all-gather)."""
+        counts = [int(c) for c in self.comm.all_gather(self.comm.ints([idx.numel()]))]
+        width = max(counts)
+        pi = torch.zeros(width, dtype=index_dtype(flat.numel()), device=flat.device)
+        pv = torch.zeros(width, dtype=flat.dtype, device=flat.device)
+        pi[: idx.numel()] = idx
+        pv[: idx.numel()] = vals
+        all_i, all_v = self.comm.all_gather(pi, "indices"), self.comm.all_gather(pv, "values")
+        flat.zero_()
+        for c, gi, gv in zip(counts, all_i, all_v, strict=True):
+            flat.index_add_(0, gi[:c].long(), gv[:c])
+
+    def _finish(self, stats: ReductionStats, acc: torch.Tensor, sent: torch.Tensor, thr: float) -> ReductionStats:
+        acc[sent] = 0
+        self.residual = acc
+        stats.density = sent.numel() / acc.numel()
+        stats.threshold = thr
+        stats.residual_norm = float(acc.norm())
+        return stats
+
+
+class TopkA(_Sparse):
+    """Exact local top-k, all-gather of every rank's k (index, value) pairs, sum. Volume
+    2k(P-1) per rank: it grows with P."""
+
+    name = "topka"
+
+    def reduce(self, flat: torch.Tensor) -> ReductionStats:
+        stats = self.comm.begin(flat.numel(), flat.device)
+        acc = self._acc(flat)
+        k = k_of(flat.numel(), self.density)
+        idx, thr = self._top_k(acc.abs(), k)
+        self._gather_sum(flat, idx, acc[idx])
+        return self._finish(stats, acc, idx, thr)
+
+
+class Gaussiank(_Sparse):
+    """Threshold from a Gaussian fit of ``g + residual`` at density d, moved by x/÷1.02 (at most 20
+    times) until the selected count lies in [3k/4, 5k/4]; then TopkA's all-gather."""
+
+    name = "gaussiank"
+
+    def reduce(self, flat: torch.Tensor) -> ReductionStats:
+        stats = self.comm.begin(flat.numel(), flat.device)
+        acc = self._acc(flat)
+        n = flat.numel()
+        k = k_of(n, self.density)
+        mag = acc.abs()
+        thr = gaussian_threshold(acc, self.density) if k < n else 0.0
+        for _ in range(20):
+            if thr <= 0:
+                break
+            count = int(torch.count_nonzero(mag >= thr))
+            if count < 3 * k / 4:
+                thr /= 1.02
+            elif count > 5 * k / 4:
+                thr *= 1.02
+            else:
+                break
+        idx = select(mag, thr)
+        self._gather_sum(flat, idx, acc[idx])
+        return self._finish(stats, acc, idx, thr)
+
+
+class GTopk(_Sparse):
+    """gTop-k (Shi et al., ICDCS 2019): exact local top-k, then log2(P) rounds of recursive
+    doubling in which partners exchange their k (index, value) pairs, sum the overlaps and keep the
+    top k; after the last round every rank holds the same global k. Needs P a power of two."""
+
+    name = "gtopk"
+
+    def reduce(self, flat: torch.Tensor) -> ReductionStats:
+        stats = self.comm.begin(flat.numel(), flat.device)
+        acc = self._acc(flat)
+        n = flat.numel()
+        k = k_of(n, self.density)
+        local, thr = self._top_k(acc.abs(), k)
+        idx, vals = local, acc[local]
+        p, r = self.comm.size, self.comm.rank
+        itype = index_dtype(n)
+        step = 1
+        while step < p:
+            peer = r ^ step
+            counts = self.comm.ints([idx.numel()])
+            their = self.comm.ints([0])
+            self.comm.exchange({peer: [(counts, "control")]}, {peer: [their]})
+            bi = torch.empty(int(their), dtype=itype, device=flat.device)
+            bv = torch.empty(int(their), dtype=flat.dtype, device=flat.device)
+            self.comm.exchange({peer: [(idx.to(itype), "indices"), (vals, "values")]}, {peer: [bi, bv]})
+            # the lower rank's entries first on both partners: the same sums in the same order
+            pairs = [(idx, vals), (bi.long(), bv)] if r < peer else [(bi.long(), bv), (idx, vals)]
+            both_i = torch.cat([pairs[0][0], pairs[1][0]])
+            both_v = torch.cat([pairs[0][1], pairs[1][1]])
+            uniq, inverse = torch.unique(both_i, sorted=True, return_inverse=True)
+            summed = torch.zeros(uniq.numel(), dtype=flat.dtype, device=flat.device).index_add_(0, inverse, both_v)
+            if uniq.numel() > k:
+                top = torch.topk(summed.abs(), k, sorted=False).indices.sort().values
+                uniq, summed = uniq[top], summed[top]
+            idx, vals = uniq, summed
+            step *= 2
+        flat.zero_()
+        flat[idx] = vals
+        # residual: local entries that did not survive the tree stay
+        keep = torch.zeros(n, dtype=torch.bool, device=flat.device)
+        keep[idx] = True
+        return self._finish(stats, acc, local[keep[local]], thr)

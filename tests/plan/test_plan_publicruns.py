@@ -1,0 +1,115 @@
+"""The public-runs table: parsing, predicted step times, the per-device fit and leave-one-source-out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from tests.conftest import assert_one_line_error
+
+from paratrain.data import DATA_DIR
+from paratrain.errors import ConfigError
+from paratrain.plan.crossval import (
+    cross_validate,
+    fit_device,
+    predict_samples,
+    public_samples,
+    start_calibration,
+)
+from paratrain.plan.publicruns import parse_public_runs, predict_step_s, run_cluster
+from paratrain.spec.cluster import resolve_cluster
+
+TEXT = (DATA_DIR / "publicruns" / "h100_a100_public_runs.csv").read_text(encoding="utf-8")
+TABLE = parse_public_runs(TEXT)
+CLUSTERS = {"a100": resolve_cluster("dgx-a100"), "h100": resolve_cluster("dgx-h100")}
+
+
+def test_rows_taken_and_skipped() -> None:
+    assert len(TABLE.runs) + len(TABLE.skipped) == 63
+    reasons = [why for _, _, why in TABLE.skipped]
+    assert sum("FP8" in w for w in reasons) == 15
+    assert sum(w == "micro-batch not published" for w in reasons) == 3
+    assert sum(w.startswith("context parallelism") for w in reasons) == 1
+    by_line = {r.line: r for r in TABLE.runs}
+    # torchtitan, Llama 3 8B on 8 H100: 16 sequences of 8,192 tokens at 5,762 tokens/s per GPU.
+    r = by_line[2]
+    assert (r.source, r.sharding, r.recompute, r.attention, r.fused) == (
+        "torchtitan-h100-2024-12", "fsdp", "selective-op", "flash", False)
+    assert r.time_s == pytest.approx(16 * 8192 / (8 * 5762))
+    assert by_line[3].fused  # the torch.compile row
+    assert by_line[39].attention == "math" and by_line[40].attention == "flash"  # FlashAttention-2 paper
+    assert by_line[56].sharding == "zero2" and by_line[60].reduce_bytes == 2  # SHARD_GRAD_OP; PURE bf16
+
+
+def test_sharding_levels_order_the_predictions() -> None:
+    """Same run: ZeRO-2 (no re-gather in the backward) is never slower than FSDP; more data-parallel
+    ranks with the same work per GPU never make the step shorter."""
+    run = next(r for r in TABLE.runs if r.line == 64)  # MPT-3b, 8 A100, FULL_SHARD
+    cluster = run_cluster(run, CLUSTERS)
+    fsdp = predict_step_s(run, cluster)
+    zero2 = predict_step_s(dataclasses.replace(run, sharding="zero2"), cluster)
+    assert zero2 <= fsdp
+    wide = dataclasses.replace(run, gpus=64, dp=64, global_batch=8 * run.global_batch)
+    assert predict_step_s(wide, run_cluster(wide, CLUSTERS)) >= fsdp
+
+
+@pytest.mark.slow
+def test_fit_recovers_the_times_of_a_known_calibration_and_loso_predicts_each_source() -> None:
+    """Synthetic measurements made by one calibration: the fit on them reproduces the times, and each
+    source is predicted by a fit on the other sources alone."""
+    a100 = [s for s in public_samples(TABLE.runs) if s.device == "a100"]
+    samples = [s for src in ("torchtitan-a100-2024-04", "mpt-llm-foundry", "flashattention2-paper")
+               for s in [x for x in a100 if x.source == src][1:3]]
+    start = start_calibration(CLUSTERS["a100"])
+    truth = dataclasses.replace(start, gemm_efficiency=0.7, attention_efficiency=0.6, link_efficiency=0.8)
+    times = predict_samples(samples, {"a100": truth}, CLUSTERS)
+    synthetic = [dataclasses.replace(s, measured_s=t) for s, t in zip(samples, times, strict=True)]
+    cal, report = fit_device(synthetic, start, CLUSTERS, max_evaluations=30)
+    assert report["rows"] == len(samples)
+    fitted = predict_samples(synthetic, {"a100": cal}, CLUSTERS)
+    assert fitted == pytest.approx(times, rel=0.01)
+    held = cross_validate(synthetic, {"a100": start}, CLUSTERS, max_evaluations=30)
+    assert set(held) == {s.source for s in synthetic}
+    for src, pred in held.items():
+        meas = [s.measured_s for s in synthetic if s.source == src]
+        assert pred == pytest.approx(meas, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda t: t.replace("tokens_per_s_per_gpu", "tps"), "DATA.csv"),
+        (lambda t: t.replace("Llama-3-8B,8.03,32,4096,32,8,14336,8192,128256,64,a100-80gb,bf16,1,1,64",
+                             "Llama-3-8B,8.03,32,4096,32,8,14336,8192,128256,64,a100-80gb,bf16,1,1,63", 1),
+         "DATA.csv line 19"),
+    ],
+)
+def test_bad_table_is_a_config_error(edit, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_public_runs(edit(TEXT))
+    assert e.value.field == field
+
+
+def test_validate_public_runs_reports_per_source(run_cli) -> None:
+    code, out, err = run_cli("validate", "public-runs", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["calibration"] == "fitted"
+    assert doc["summary"]["rows"] == len(TABLE.runs) == sum(d["rows"] for d in doc["by_source"].values())
+    assert {"mpt-llm-foundry", "torchtitan-a100-2024-04", "flashattention2-paper"} <= set(doc["by_source"])
+    assert len(doc["skipped"]) == len(TABLE.skipped)
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["vtrain-multi", "--loso"], "--loso"),
+        (["public-runs", "--fit", "--loso"], "--fit"),
+        (["public-runs", "--calibration", "nope"], "--calibration"),
+        (["all", "--lut", "vtrain-a100"], "--lut"),
+    ],
+)
+def test_validate_sources_bad_flags_are_one_line(run_cli, args: list[str], flag: str) -> None:
+    code, _, err = run_cli("validate", *args)
+    assert_one_line_error(code, err, flag)

@@ -1,0 +1,78 @@
+"""What DTensor issues on gloo is what the cost model counts, and calibrate measures what it needs.
+
+One 2-process torchrun launch (tests/runtime/tp_comm_harness.py) records every collective of one
+micro-batch's forward and backward under the runtime's tensor parallelism (a GPT and a Llama-like
+model, sequence parallelism off and on) and runs the calibration's tensor-parallel measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paratrain.cost.tensor_parallel import tp_parts
+from paratrain.runtime.calibrate import measurement_steps
+from paratrain.spec.model import from_document
+
+HARNESS = Path(__file__).with_name("tp_comm_harness.py")
+sys.path.insert(0, str(HARNESS.parent))
+from tp_comm_harness import MICROBATCH, MODELS  # noqa: E402
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("tp-comm") / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1",
+                                                                                  **_env()})
+    assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(out.read_text())
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+
+def _expected(case: str, phase: str) -> Counter:
+    name, _, sp = case.partition("-")
+    spec = from_document(MODELS[name])
+    parts = tp_parts(spec, sequence_parallel=bool(sp), microbatch=MICROBATCH, dtype="fp32")
+    c: Counter = Counter()
+    for part, times in (("layer", spec.layers), ("embedding", 1), ("head", 1)):
+        for x in getattr(parts[part], phase):
+            c[(x.kind, x.nbytes)] += x.count * times
+    return c
+
+
+@pytest.mark.parametrize("case", ["gpt", "gpt-sp", "llama", "llama-sp"])
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_dtensor_issues_what_the_cost_model_counts(recorded: dict[str, Any], case: str, phase: str) -> None:
+    issued = Counter((kind, nbytes) for kind, nbytes in recorded["issued"][case][phase])
+    assert issued == _expected(case, phase)
+
+
+def test_calibration_times_every_kind_and_size_and_the_dispatch(recorded: dict[str, Any]) -> None:
+    rows = recorded["measured"]
+    kinds = {(kind, group) for kind, group, _, _ in rows}
+    assert kinds == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2)}
+    assert len({nbytes for _, _, nbytes, _ in rows}) == 3
+    assert all(s >= 0 for *_, s in rows) and max(s for *_, s in rows) > 0
+    forward, backward = recorded["dispatch"]
+    assert forward > 0 and backward > 0
+
+
+def test_progress_counts_the_tensor_parallel_steps() -> None:
+    # two group sizes at 4 processes (2 and 4), one at 2, none at 1; plus the dispatch
+    assert measurement_steps(4) - measurement_steps(2) == 1
+    assert measurement_steps(2) - measurement_steps(1) > 2

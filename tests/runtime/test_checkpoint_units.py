@@ -1,0 +1,177 @@
+"""The pure parts of checkpointing: the CheckFreq frequency tuner, the directory store (marker,
+checksums, pruning) and the metadata reader that builds no foreign objects."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import pytest
+
+from paratrain.errors import ConfigError
+from paratrain.runtime.checkpoint import frequency, store
+from paratrain.runtime.config import TrainConfig
+
+# ----- frequency ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,kind,value", [("auto", "auto", 0.0), ("AUTO", "auto", 0.0), ("10", "steps", 10),
+                                             ("1", "steps", 1), ("30s", "seconds", 30.0), ("0.5s", "seconds", 0.5)])
+def test_every_parses(text: str, kind: str, value: float) -> None:
+    every = frequency.parse_every(text)
+    assert (every.kind, every.value) == (kind, value)
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "0s", "ten", "10m", "", "inf", "1e3"])
+def test_bad_every_names_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match="--checkpoint-every"):
+        frequency.parse_every(text)
+
+
+def _smallest_k(step_s: float, stall_s: float, persist_s: float, bound: float) -> int:
+    """The definition, by search: the fewest steps per checkpoint whose amortized stall is within
+    the bound and whose span covers the background persist."""
+    k = 1
+    while stall_s / (k * step_s) > bound + 1e-12 or k * step_s < persist_s - 1e-12:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("step_s", [0.01, 0.1, 0.7, 2.0])
+@pytest.mark.parametrize("stall_s", [0.0, 0.001, 0.05, 0.3])
+@pytest.mark.parametrize("persist_s", [0.0, 0.02, 1.5, 9.0])
+def test_interval_is_the_smallest_within_the_bound_with_one_in_flight(step_s, stall_s, persist_s) -> None:
+    assert frequency.interval_for(step_s, stall_s, persist_s, 0.035) == _smallest_k(step_s, stall_s, persist_s, 0.035)
+
+
+def test_interval_worked_example() -> None:
+    # 1 s steps, a 70 ms stall: 2 steps keep it at 3.5%; a 5.5 s persist needs 6 steps in flight
+    assert frequency.interval_for(1.0, 0.07, 0.5) == 2
+    assert frequency.interval_for(1.0, 0.07, 5.5) == 6
+    assert frequency.interval_for(0.0, 1.0, 1.0) == 1  # no measurement yet: every step
+
+
+def test_overhead_of_an_interval() -> None:
+    # 4 steps of 1.0, 1.1, 1.0, 1.1 s and a 0.2 s stall against 1.0 s clean steps: 0.4 s extra over 4 s
+    assert frequency.interval_overhead([1.0, 1.1, 1.0, 1.1], 0.2, 1.0) == pytest.approx(0.1)
+    assert frequency.interval_overhead([], 1.0, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("k,overhead", [(4, 0.07), (10, 0.036), (3, 0.05), (7, 0.06)])
+def test_retune_brings_a_fixed_cost_back_within_the_bound(k: int, overhead: float) -> None:
+    bound = 0.035
+    new = frequency.retune(k, overhead, bound)
+    assert new > k
+    # a fixed cost per checkpoint spread over new instead of k steps
+    assert overhead * k / new <= bound + 1e-12
+    assert overhead * k / (new - 1) > bound or new == k + 1  # and no longer than needed
+
+
+@pytest.mark.parametrize("k,overhead,want", [(1, 0.5, 2), (4, 1.0, 8), (5, 0.2, 10)])
+def test_retune_at_most_doubles(k: int, overhead: float, want: int) -> None:
+    assert frequency.retune(k, overhead, 0.035) == want
+
+
+def test_retune_keeps_an_interval_within_the_bound() -> None:
+    assert frequency.retune(5, 0.02, 0.035) == 5
+
+
+def test_seconds_to_steps() -> None:
+    assert frequency.steps_for_seconds(60, 0.5) == 120
+    assert frequency.steps_for_seconds(1, 5.0) == 1
+    assert frequency.steps_for_seconds(10, math.inf) == 1
+
+
+@pytest.mark.parametrize("fields,flag", [({"keep": -1}, "--keep"), ({"checkpoint_every": "x"}, "--checkpoint-every"),
+                                         ({"resume": True}, "--resume"),
+                                         ({"checkpoint_overhead": 0.0}, "--checkpoint-overhead")])
+def test_train_config_checks(fields: dict, flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        TrainConfig(**fields)
+
+
+# ----- store ---------------------------------------------------------------------------------------
+
+def _fake_checkpoint(root, step: int, *, complete: bool = True) -> None:
+    d = store.step_dir(root, step)
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(bytes(range(256)) * 40)
+    (d / ".metadata").write_bytes(b"index")
+    if complete:
+        store.write_marker(d, {"step": step, "model": "m", "model_spec": {"layers": 2}, "seed": 0})
+
+
+def test_marker_lists_every_file_with_size_and_checksum(tmp_path) -> None:
+    _fake_checkpoint(tmp_path, 5)
+    doc = json.loads((store.step_dir(tmp_path, 5) / store.MARKER).read_text())
+    assert doc["format"] == store.FORMAT and doc["step"] == 5
+    assert doc["files"]["__0_0.distcp"]["bytes"] == 10240
+    assert doc["files"]["__0_0.distcp"]["sha256"] == store.file_digest(store.step_dir(tmp_path, 5) / "__0_0.distcp")
+    [info] = store.list_checkpoints(tmp_path)
+    assert info.status == "complete" and info.size_bytes == 10240 + 5
+
+
+@pytest.mark.parametrize("damage,expect", [
+    (lambda d: (d / "__0_0.distcp").write_bytes(b"x" * 10240), "SHA-256"),  # same size, other bytes
+    (lambda d: (d / "__0_0.distcp").write_bytes(b"x" * 100), "truncated"),
+    (lambda d: (d / ".metadata").unlink(), "missing"),
+    (lambda d: (d / store.MARKER).write_text("{not json"), "unreadable marker"),
+    (lambda d: (d / store.MARKER).write_text('{"format": "other"}'), "is not a"),
+])
+def test_damage_is_detected(tmp_path, damage, expect: str) -> None:
+    _fake_checkpoint(tmp_path, 5)
+    damage(store.step_dir(tmp_path, 5))
+    [info] = store.list_checkpoints(tmp_path)
+    assert info.status == "corrupt" and expect in (info.problem or "")
+
+
+def test_resume_picks_the_newest_sound_checkpoint_and_names_what_it_skipped(tmp_path) -> None:
+    for s in (3, 6, 9):
+        _fake_checkpoint(tmp_path, s)
+    _fake_checkpoint(tmp_path, 12, complete=False)
+    flip = store.step_dir(tmp_path, 9) / "__0_0.distcp"
+    flip.write_bytes(b"\x01" + flip.read_bytes()[1:])
+    chosen, skipped = store.resume_checkpoint(tmp_path)
+    assert chosen.step == 6
+    assert [(c.step, c.status) for c in skipped] == [(9, "corrupt"), (12, "incomplete")]
+
+
+def test_prune_keeps_the_newest_complete_and_only_touches_step_directories(tmp_path) -> None:
+    for s in (2, 4, 6):
+        _fake_checkpoint(tmp_path, s)
+    _fake_checkpoint(tmp_path, 1, complete=False)  # a crashed write superseded by newer ones
+    _fake_checkpoint(tmp_path, 8, complete=False)  # possibly being written now: kept
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "step_7").mkdir()  # not our name
+    removed = store.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["step_00000001", "step_00000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_00000004", "step_00000006", "step_00000008",
+                                                          "step_7"]
+    assert store.prune(tmp_path, keep=0) == []
+
+
+def test_compatibility_names_what_differs() -> None:
+    manifest = {"model": "gpt-tiny", "model_spec": {"layers": 2, "hidden": 64}, "seed": 0}
+    store.check_compatible(manifest, {"layers": 2, "hidden": 64}, 0)
+    with pytest.raises(ConfigError, match="differs from this run's in hidden"):
+        store.check_compatible(manifest, {"layers": 2, "hidden": 128}, 0)
+    with pytest.raises(ConfigError, match="--seed 0"):
+        store.check_compatible(manifest, {"layers": 2, "hidden": 64}, 1)
+
+
+# ----- the metadata reader --------------------------------------------------------------------------
+
+class _Exploit:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_metadata_reader_builds_no_foreign_object(tmp_path) -> None:
+    from paratrain.runtime.checkpoint.reshard import SafeReader
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        SafeReader(str(tmp_path)).read_metadata()
