@@ -145,6 +145,9 @@ def simulate(
     print(f"  utilization   {res.utilization:.1%}")
     print(f"  rounds        {res.rounds} (leases kept {res.lease_extensions} of {res.lease_opportunities})")
     print(f"  solves        {len(res.solve_times_s)}, {sum(res.solve_times_s):.3f} s in all")
+    if res.colocated_gpu_s is not None:
+        share = res.colocated_gpu_s / max(sum(res.busy_s_by_type.values()), 1e-12)
+        print(f"  co-located    {res.colocated_gpu_s / 3600:.1f} GPU-h ({share:.1%} of busy GPU time)")
     if res.total_cost is not None:
         print(f"  cost          ${res.total_cost:.2f}")
         if "best_static_choice" in out:
@@ -229,18 +232,26 @@ def solve(
         priority_weights=np.array([j.priority_weight for j in trace]),
         steps_remaining=np.array([j.total_steps for j in trace], dtype=float),
         times_since_start_s=np.zeros(len(trace)))
+    if pol.is_packed:
+        problem.colocated = {(a, b): np.array([table.pair(trace[a].key, trace[b].key, t) for t in types])
+                             for a in range(len(trace)) for b in range(a + 1, len(trace))
+                             if trace[a].scale_factor == trace[b].scale_factor}
     alloc = pol.solve(problem)
+    pairs = alloc.pairs() if hasattr(alloc, "pairs") else []
     eff = alloc.effective_throughputs(thr)
     if json_out:
         print_json({"policy": pol.name, "solve_time_s": alloc.solve_time_s, "worker_types": list(types),
                     "allocation": [[float(v) for v in row] for row in alloc.x],
-                    "effective_throughputs": [float(v) for v in eff], "note": alloc.note})
+                    "effective_throughputs": [float(v) for v in eff], "note": alloc.note}
+                   | ({"pairs": pairs} if pol.is_packed else {}))
         return
     print(f"policy {pol.name}: {len(trace)} jobs on {accelerators}, solved in {alloc.solve_time_s * 1e3:.1f} ms")
     print(f"{'job':>4}  {'type':36s} {'GPUs':>4}  " + "  ".join(f"{t:>6s}" for t in types) + "  steps/s")
     for i, j in enumerate(trace):
         print(f"{i:>4}  {j.job_type[:36]:36s} {j.scale_factor:>4}  "
               + "  ".join(f"{v:6.3f}" for v in alloc.x[i]) + f"  {eff[i]:.3f}")
+    for p in pairs:
+        print(f"pair {p['jobs'][0]}+{p['jobs'][1]} on {p['worker_type']}: {p['fraction']:.3f} of the time")
     if alloc.note:
         print(f"note: {alloc.note}")
 

@@ -2,8 +2,9 @@
 round-based mechanism, a trace-driven simulator, and spot-market prices.
 
 Modules: ``throughputs`` (Gavel's measured table, cost-model predictions), ``trace`` (job traces:
-read, write, generate), ``policies`` (allocations as LPs), ``rounds`` (priorities, placement,
-leases), ``simulator``, ``market`` (spot prices).
+read, write, generate), ``policies`` (allocations as LPs), ``packing`` (space sharing: policies over
+job pairs and the mechanism placing them), ``rounds`` (priorities, placement, leases), ``simulator``,
+``market`` (spot prices).
 """
 
 from __future__ import annotations

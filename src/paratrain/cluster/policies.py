@@ -77,6 +77,8 @@ class AllocationProblem:
     slo_deadlines_s: np.ndarray | None = None
     entities: tuple[str | None, ...] | None = None
     entity_weights: dict[str, float] = field(default_factory=dict)
+    # Space sharing: (job id a, job id b) → k × 2 steps/s of a and b co-located on each type.
+    colocated: dict[tuple[int, int], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         n, k = len(self.job_ids), len(self.worker_types)
@@ -130,6 +132,7 @@ class Policy:
     name = "policy"
     is_perf = True  # heterogeneity-aware: the mechanism keeps the type order fixed (fastest first)
     is_fifo = False
+    is_packed = False  # space sharing: allocates job combinations (see cluster/packing.py)
 
     def solve(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()
@@ -491,6 +494,12 @@ class Fifo(Policy):
         return x, ""
 
 
+def _packed(objective: str) -> Policy:
+    from paratrain.cluster.packing import PackedPolicy  # packing builds on this module
+
+    return PackedPolicy(objective)
+
+
 _FACTORIES: dict[str, Callable[[], Policy]] = {
     "max_min_fairness": lambda: MaxMinFairness(False),
     "max_min_fairness_perf": lambda: MaxMinFairness(True),
@@ -503,6 +512,9 @@ _FACTORIES: dict[str, Callable[[], Policy]] = {
     "max_sum_throughput_perf": lambda: MaxSumThroughput(),
     "max_sum_throughput_normalized_by_cost_perf": lambda: MaxSumThroughput(by_cost=True),
     "max_sum_throughput_normalized_by_cost_perf_SLOs": lambda: MaxSumThroughput(by_cost=True, slos=True),
+    "max_min_fairness_packed": lambda: _packed("max_min"),
+    "max_sum_throughput_packed": lambda: _packed("sum"),
+    "finish_time_fairness_packed": lambda: _packed("finish_time"),
     "fifo": lambda: Fifo(False),
     "fifo_perf": lambda: Fifo(True),
 }

@@ -29,6 +29,7 @@ from pathlib import Path
 from paratrain.cluster.policies import Policy
 from paratrain.cluster.rounds import RoundMechanism
 from paratrain.cluster.trace import Job
+from paratrain.errors import ConfigError
 from paratrain.spec.hetero import HeteroClusterSpec
 
 __all__ = ["TrainJobSpec", "SliceResult", "JobOutcome", "run_slice", "newest_checkpoint_step", "drive",
@@ -156,6 +157,9 @@ def ray_executor(address: str | None = None, resources: dict[str, float] | None 
 def drive(jobs: list[TrainJobSpec], cluster: HeteroClusterSpec, policy: Policy, *, round_s: float,
           workdir: Path, execute: Callable[..., list[SliceResult]]) -> list[JobOutcome]:
     """Schedule ``jobs`` round by round until all finish; returns per-job outcomes."""
+    if policy.is_packed:
+        raise ConfigError("--policy", f"{policy.name} co-locates jobs, which the Ray driver does not do",
+                          "use a policy without _packed")
     mech = RoundMechanism(cluster, policy, round_s=round_s)
     for i, spec in enumerate(jobs):
         mech.add_job(i, Job(spec.name, spec.steps, spec.scale_factor), spec.throughputs)

@@ -5,7 +5,9 @@ ends after steps/throughput seconds; the round ends when its last job ends (so a
 than ``round_s`` when every placed job finishes early). Then completed micro-tasks are credited, jobs
 that arrived by that time join, and the mechanism places the next round. A job's completion time
 is the end of its last micro-task minus its arrival; the makespan is the end of the last round; a
-GPU's utilization is its busy time over the makespan.
+GPU's utilization is its busy time over the makespan. Under a ``_packed`` policy both jobs of a
+pair run on the same accelerators at their co-located rates (``cluster/packing.py``); the GPUs are
+busy until the later one ends.
 
 Differences from Gavel, and why:
 * A round's start is the time it was placed. Gavel takes the previous round's end, which differs
@@ -50,6 +52,7 @@ class SimulationResult:
     occupancy: list[tuple[float, float, dict[str, int]]] = field(default_factory=list)  # (start, end, GPUs busy)
     total_cost: float | None = None
     notes: list[str] = field(default_factory=list)
+    colocated_gpu_s: float | None = None  # packed policies: GPU-seconds two jobs shared
 
     @property
     def avg_jct_s(self) -> float:
@@ -77,6 +80,8 @@ class SimulationResult:
             d["total_cost"] = self.total_cost
         if self.notes:
             d["notes"] = self.notes
+        if self.colocated_gpu_s is not None:
+            d["colocated_gpu_s"] = self.colocated_gpu_s
         return d
 
 
@@ -111,7 +116,16 @@ def simulate_cluster(
     if not (math.isfinite(round_s) and round_s > 0):
         raise ConfigError("--round-s", f"must be a positive number of seconds, got {round_s}", "pass e.g. 360")
     check_jobs_runnable(jobs, table, cluster)
-    mech = RoundMechanism(cluster, policy, round_s=round_s, seed=seed)
+    if policy.is_packed:
+        from paratrain.cluster.packing import PackedRoundMechanism
+
+        def pair_rates(a: int, b: int) -> dict[str, tuple[float, float]]:
+            return {t: table.pair(jobs[a].key, jobs[b].key, t) for t in cluster.types}
+
+        mech: RoundMechanism = PackedRoundMechanism(cluster, policy, round_s=round_s, seed=seed,
+                                                    pair_rates=pair_rates)
+    else:
+        mech = RoundMechanism(cluster, policy, round_s=round_s, seed=seed)
     queued = sorted(enumerate(jobs), key=lambda p: p[1].arrival_time_s)
     remaining = len(jobs)
     now = queued[0][1].arrival_time_s
@@ -122,6 +136,7 @@ def simulate_cluster(
     costs: dict[int, float] = {}
     occupancy: list[tuple[float, float, dict[str, int]]] = []
     rounds = 0
+    colocated_gpu_s = 0.0
     while remaining > 0:
         if running:
             now = max(r[0] for r in running)
@@ -133,13 +148,19 @@ def simulate_cluster(
             mech.set_prices(prices.latest(now, cluster.types))
         if record_occupancy and running:
             busy: dict[str, int] = {t: 0 for t in cluster.types}
-            for _, _, t, ws, _ in running:
+            for t, ws in {(t, ws) for _, _, t, ws, _ in running}:  # a pair's GPUs count once
                 busy[t] += len(ws)
             occupancy.append((round_start, now, busy))
-        for finish, j, t, ws, steps in running:
-            exec_s = finish - round_start
+        ends: dict[tuple[int, ...], float] = {}  # a pair's accelerators are busy until its later job ends
+        for finish, _, _, ws, _ in running:
+            if ws in ends:  # the second job of a pair: its GPUs were shared until the earlier end
+                colocated_gpu_s += len(ws) * (min(ends[ws], finish) - round_start)
+            ends[ws] = max(ends.get(ws, 0.0), finish)
+        for ws, finish in ends.items():
             for w in ws:
-                busy_by_worker[w] += exec_s
+                busy_by_worker[w] += finish - round_start
+        for finish, j, t, _, steps in running:
+            exec_s = finish - round_start
             if mech.record(j, t, steps, exec_s):
                 jct[j] = finish - jobs[j].arrival_time_s
                 costs[j] = mech.jobs[j].cost
@@ -158,7 +179,7 @@ def simulate_cluster(
         for j, ws in mech.schedule(now).items():
             t = mech.worker_type[ws[0]]
             active = mech.jobs[j]
-            thr = active.throughputs[t]
+            thr = mech.rate(j, t) if policy.is_packed else active.throughputs[t]  # type: ignore[attr-defined]
             steps = min(max(int(thr * round_s), 1), active.steps_remaining)
             running.append((now + steps / thr, j, t, ws, steps))
     makespan = now
@@ -176,6 +197,7 @@ def simulate_cluster(
         lease_opportunities=mech.lease_opportunities,
         solve_times_s=[a.solve_time_s for a in mech.solves],
         busy_s_by_type=busy_by_type,
+        colocated_gpu_s=colocated_gpu_s if policy.is_packed else None,
         occupancy=occupancy,
         total_cost=sum(costs.values()) if prices is not None else None,
         notes=mech.notes,
