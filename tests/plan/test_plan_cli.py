@@ -283,3 +283,17 @@ def test_plan_document_trains(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"dp={par['dp']} tp={par['tp']} pp={par['pp']}" in out.stdout + out.stderr
+
+
+def test_plan_document_over_two_nodes_simulates_as_planned(capsys, tmp_path):
+    # The document carries the calibrated cluster; simulating it must not calibrate it a second time
+    # (the inter-node link, which only a multi-node layout uses, would be scaled twice).
+    doc_path = tmp_path / "plan.json"
+    code, out, _ = _run(capsys, ["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "64",
+                                 "--json", "-o", str(doc_path)])
+    assert code == 0
+    planned = json.loads(out)
+    assert json.loads(doc_path.read_text())["config"]["cluster"]["nodes"] == 2
+    code, out, _ = _run(capsys, ["simulate", "--config", str(doc_path), "--json"])
+    assert code == 0
+    assert json.loads(out)["iteration_time_s"] == planned["iteration_time_s"]

@@ -1,7 +1,7 @@
 """``paratrain demo``: the main job on built-in defaults — plan, simulate, train.
 
-1. plan GPT-3 175B on 1,024 A100-80GB (128 DGX A100 nodes), global batch 1536, with the A100
-   efficiencies fitted on measured Megatron-DeepSpeed runs (``--calibration vtrain-a100``);
+1. plan GPT-3 175B on 1,024 A100-80GB (128 DGX A100 nodes), global batch 1536, with the A100's
+   default calibration (fitted on published and measured runs, ``fitted-a100``) and flash attention;
 2. simulate the winning configuration, writing its timeline (PNG) and a Perfetto trace;
 3. train a tiny GPT for real on local processes (gloo on CPU, pipeline × data parallel) on this
    machine's own Python standard-library sources, and show the loss going down.
@@ -100,8 +100,6 @@ def demo(
             str(global_batch),
             "--top",
             "5",
-            "--calibration",
-            "vtrain-a100",
             "--output",
             str(plan_doc),
         ],

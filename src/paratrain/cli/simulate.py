@@ -196,7 +196,11 @@ def simulate(
         )
     if gpus is None and nodes is None:
         gpus = cfg.world_size  # size the cluster to the job
-    clus = apply_calibration(_resolve_cluster(cluster, doc, device, nodes, gpus), calibration)
+    clus = _resolve_cluster(cluster, doc, device, nodes, gpus)
+    # A run document's own cluster is the one it was planned on, calibrated or not: the default
+    # calibration applied again would scale its inter-node bandwidth a second time.
+    if not (calibration is None and cluster is None and device is None and isinstance(doc.get("cluster"), dict)):
+        clus = apply_calibration(clus, calibration)
     if cfg.world_size > clus.num_devices:
         raise ConfigError(
             "dp*tp*pp",
