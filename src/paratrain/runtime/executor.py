@@ -62,16 +62,25 @@ class StepExecutor(Protocol):
 
 class SingleStageExecutor:
     """No pipeline: the whole model, micro-batches one after another (gradient accumulation), the
-    data-parallel reduction overlapped with backward by ``grad_sync``."""
+    data-parallel reduction overlapped with backward by ``grad_sync``.
+
+    ``loss(output, targets)``: the model's loss (the language models' cross-entropy by default);
+    ``batch_of(step)`` gives the rank's micro-batches of a step (``num_microbatches``,
+    ``microbatch(i) -> (inputs, targets)``)."""
 
     def __init__(self, ctx: RuntimeContext, model: nn.Module, grad_sync: GradSync, batch_of: Callable[[int], Batch],
-                 *, tracer: Tracer, phase: faults.Phase, autocast: Callable[[], Any]) -> None:
+                 *, tracer: Tracer, phase: faults.Phase, autocast: Callable[[], Any],
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = TransformerLM.loss) -> None:
         self.ctx, self.model, self.grad_sync, self.batch_of = ctx, model, grad_sync, batch_of
-        self.tracer, self.phase, self.autocast = tracer, phase, autocast
+        self.tracer, self.phase, self.autocast, self.loss = tracer, phase, autocast, loss
         self.tp = ctx.config.tp
 
+    def fetch(self, step: int) -> Any:
+        """The step's batch (a hook: an input pipeline may time its wait)."""
+        return self.batch_of(step)
+
     def run(self, step: int) -> StepOutput:
-        batch = self.batch_of(step)
+        batch = self.fetch(step)
         n = batch.num_microbatches
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
@@ -81,7 +90,7 @@ class SingleStageExecutor:
             with sync:
                 self.phase.name = f"step {step} forward of micro-batch {i}"
                 with self.tracer.span(f"F{i}@c0", microbatch=i), self.autocast(), loss_context(self.tp):
-                    loss = TransformerLM.loss(self.model(inputs), targets) / n
+                    loss = self.loss(self.model(inputs), targets) / n
                 if i == 0:
                     faults.maybe_inject_fault(self.ctx.rank, step)  # mid-step: forward done, backward not
                 self.phase.name = f"step {step} backward of micro-batch {i}"

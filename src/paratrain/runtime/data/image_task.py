@@ -15,7 +15,6 @@ clipping and AdamW by :class:`~paratrain.runtime.optim.Optimizer`).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +23,10 @@ import torch
 from torch import nn
 
 from paratrain.errors import ConfigError
-from paratrain.trace import TraceEvent
 
 from .. import faults
-from ..data_parallel import GradSync, local_tensor, wrap_data_parallel
-from ..executor import StepOutput
+from ..data_parallel import GradSync, wrap_data_parallel
+from ..executor import SingleStageExecutor
 from ..mesh import RuntimeContext
 from ..metrics import Tracer, peak_flops_per_device
 from ..models.cnn import ResNetTiny, build_cnn
@@ -115,42 +113,21 @@ class ImageData:
         return ImageBatch(images.reshape(m, self.microbatch, *images.shape[1:]), labels.reshape(m, self.microbatch))
 
 
-class ImageExecutor:
+class ImageExecutor(SingleStageExecutor):
     """The whole CNN, micro-batches one after another (gradient accumulation), the data-parallel
-    reduction overlapped with backward by ``grad_sync`` (as the GPT path's single-stage executor)."""
+    reduction overlapped with backward by ``grad_sync``: the GPT path's single-stage executor with
+    the CNN's loss and the wait for the input pipeline traced."""
 
     def __init__(self, ctx: RuntimeContext, model: nn.Module, grad_sync: GradSync,
                  batch_of: Callable[[int], ImageBatch], *, tracer: Tracer, phase: faults.Phase,
                  autocast: Callable[[], Any]) -> None:
-        self.ctx, self.model, self.grad_sync, self.batch_of = ctx, model, grad_sync, batch_of
-        self.tracer, self.phase, self.autocast = tracer, phase, autocast
+        super().__init__(ctx, model, grad_sync, batch_of, tracer=tracer, phase=phase, autocast=autocast,
+                         loss=ResNetTiny.loss)
 
-    def run(self, step: int) -> StepOutput:
+    def fetch(self, step: int) -> ImageBatch:
         self.phase.name = f"step {step} input pipeline"
         with self.tracer.span("X:data"):
-            batch = self.batch_of(step)
-        n = batch.num_microbatches
-        total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for i in range(n):
-            images, labels = (x.to(self.ctx.device, non_blocking=True) for x in batch.microbatch(i))
-            sync = self.grad_sync.accumulate() if i < n - 1 else contextlib.nullcontext()
-            with sync:
-                self.phase.name = f"step {step} forward of micro-batch {i}"
-                with self.tracer.span(f"F{i}@c0", microbatch=i), self.autocast():
-                    loss = ResNetTiny.loss(self.model(images), labels) / n
-                self.phase.name = f"step {step} backward of micro-batch {i}"
-                with self.tracer.span(f"B{i}@c0", microbatch=i):
-                    loss.backward()
-            total += local_tensor(loss.detach()).double()
-        self.phase.name = f"step {step} gradient reduction"
-        self.grad_sync.finish()
-        return StepOutput(total)
-
-    def full_parameters(self) -> dict[str, torch.Tensor]:
-        return {name.removeprefix("module."): p.detach().cpu().clone() for name, p in self.model.named_parameters()}
-
-    def trace_events(self) -> list[TraceEvent]:
-        return list(self.tracer.events)
+            return self.batch_of(step)
 
 
 def setup_image_task(trainer: Any) -> None:
