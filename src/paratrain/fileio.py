@@ -17,7 +17,8 @@ from typing import IO, Any
 
 from paratrain.errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_writer", "check_distinct_paths", "check_output_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_png", "atomic_write_text", "atomic_writer",
+           "check_distinct_paths", "check_output_path"]
 
 
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
@@ -173,6 +174,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str) ->
     """Write ``data`` to ``path`` atomically; returns the path."""
     with atomic_writer(path, field, binary=True) as fh:
         fh.write(data)
+    return Path(path)
+
+
+def atomic_write_png(path: str | os.PathLike[str], figure: Any, field: str, *, dpi: int = 120) -> Path:
+    """A matplotlib ``figure`` saved as PNG at ``path``, atomically (``--plot`` outputs)."""
+    with atomic_writer(path, field, binary=True) as fh:
+        figure.savefig(fh, format="png", dpi=dpi)
     return Path(path)
 
 

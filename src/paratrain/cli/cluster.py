@@ -96,7 +96,7 @@ def simulate(
     from paratrain.cluster.simulator import simulate_cluster
     from paratrain.cluster.trace import read_trace
     from paratrain.errors import require_positive
-    from paratrain.fileio import atomic_writer, check_output_path
+    from paratrain.fileio import atomic_write_png, check_output_path
     from paratrain.spec.hetero import parse_accelerators
 
     require_positive("--round-s", round_s)
@@ -131,8 +131,7 @@ def simulate(
         from paratrain.cluster.plot import plot_occupancy
 
         fig = plot_occupancy(res)
-        with atomic_writer(plot, "--plot", binary=True) as fh:
-            fig.savefig(fh, format="png", dpi=120)
+        atomic_write_png(plot, fig, "--plot")
         import matplotlib.pyplot as plt
 
         plt.close(fig)

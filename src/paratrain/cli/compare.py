@@ -27,7 +27,7 @@ import typer
 
 from paratrain.cli.options import JsonOpt, print_json
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_writer, check_distinct_paths, check_output_path
+from paratrain.fileio import atomic_write_png, check_distinct_paths, check_output_path
 from paratrain.sim.limits import check_plot_size
 from paratrain.trace import (
     TraceEvent,
@@ -143,6 +143,5 @@ def _plot(m_events: list[TraceEvent], s_events: list[TraceEvent], ranks: int, pa
     end = max(max(e.start_s + e.duration_s for e in m_events), max(e.start_s + e.duration_s for e in s_events))
     axes[0].set_xlim(0, end)
     fig.tight_layout()
-    with atomic_writer(path, "--plot", binary=True) as fh:
-        fig.savefig(fh, format="png", dpi=120)
+    atomic_write_png(path, fig, "--plot")
     plt.close(fig)

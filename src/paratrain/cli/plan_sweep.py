@@ -79,11 +79,10 @@ def _plot(rows: list[dict[str, Any]], variable: str, path: Path, title: str) -> 
         )
     ax.set_title(title)
     fig.tight_layout()
-    from paratrain.fileio import atomic_writer
+    from paratrain.fileio import atomic_write_png
 
     try:
-        with atomic_writer(path, "--plot", binary=True) as fh:
-            fig.savefig(fh, format="png", dpi=120)
+        atomic_write_png(path, fig, "--plot")
     finally:
         plt.close(fig)
 

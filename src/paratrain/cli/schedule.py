@@ -60,7 +60,7 @@ def show(
     actions: Annotated[bool, typer.Option("--actions", help="Also print every rank's action list.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from paratrain.fileio import atomic_write_text, atomic_writer, check_distinct_paths, check_output_path
+    from paratrain.fileio import atomic_write_png, atomic_write_text, check_distinct_paths, check_output_path
     from paratrain.schedule import Schedule, generate, validate
     from paratrain.schedule.pipedream import DEFAULT_ASYNC_ITERATIONS
     from paratrain.sim import simulate
@@ -117,8 +117,7 @@ def show(
             title=f"{sched.name}: {sched.stages} stages, {sched.microbatches} micro-batches"
             f", bubble {res.bubble_fraction:.1%}",
         )
-        with atomic_writer(plot, "--plot", binary=True) as fh:
-            fig.savefig(fh, format="png", dpi=120)
+        atomic_write_png(plot, fig, "--plot")
     if trace is not None:
         write_trace(trace, res.events, field="--trace", title=sched.name, time_unit_s=1.0,
                     metadata={"source": "paratrain schedule show (uniform durations)", "schedule": sched.name,

@@ -245,12 +245,11 @@ def simulate(
         )
         import matplotlib.pyplot as plt
 
-        from paratrain.fileio import atomic_writer
+        from paratrain.fileio import atomic_write_png
 
         fig = plot_timeline(res.events, cfg.pp, title=title)
         try:
-            with atomic_writer(plot, "--plot", binary=True) as fh:
-                fig.savefig(fh, format="png", dpi=120)
+            atomic_write_png(plot, fig, "--plot")
         finally:
             plt.close(fig)
     out = res.to_dict(comm_log=comm_log)

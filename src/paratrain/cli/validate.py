@@ -100,11 +100,10 @@ def _scatter(path: Path, runs: list, predicted: list[float], title: str) -> None
     bar.ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(loc="upper left")
     fig.tight_layout()
-    from paratrain.fileio import atomic_writer
+    from paratrain.fileio import atomic_write_png
 
     try:
-        with atomic_writer(path, "--plot", binary=True) as fh:
-            fig.savefig(fh, format="png", dpi=120)
+        atomic_write_png(path, fig, "--plot")
     finally:
         plt.close(fig)
 
@@ -371,7 +370,7 @@ def _source_scatter(path: Path, samples: list[Any], predicted: list[float], titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from paratrain.fileio import atomic_writer
+    from paratrain.fileio import atomic_write_png
 
     fig, ax = plt.subplots(figsize=(7.5, 6))
     sources = sorted({s.source for s in samples})
@@ -399,8 +398,7 @@ def _source_scatter(path: Path, samples: list[Any], predicted: list[float], titl
     ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     try:
-        with atomic_writer(path, "--plot", binary=True) as fh:
-            fig.savefig(fh, format="png", dpi=120)
+        atomic_write_png(path, fig, "--plot")
     finally:
         plt.close(fig)
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_writer
+from paratrain.fileio import atomic_write_png
 
 from .analyzer import StallReport
 
@@ -122,6 +122,5 @@ def plot_cache_sweep(path: str | os.PathLike[str], m: Measured, *, workers: Sequ
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_writer(path, "--plot", binary=True) as fh:
-        fig.savefig(fh, format="png")
+    atomic_write_png(path, fig, "--plot", dpi=100)
     plt.close(fig)
