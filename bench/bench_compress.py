@@ -12,6 +12,10 @@ rank's. Each method runs ``--warmup`` untimed calls (Ok-Topk's first call comput
 and regions exactly, later calls reuse them as in training), then ``--reps`` timed ones; the figure
 is their median. PowerSGD sees the gradient as square matrices of ``--matrix`` rows. Methods
 alternate within each repetition so slow drifts of a shared machine hit all of them.
+"select only" is the floor of every sparse method on this host: adding the residual and one pass
+finding the entries above a threshold, on all ranks at once, no communication. The last line of
+each density: the link bandwidth below which Ok-Topk, with its whole time here counted as
+overhead, would beat a dense ring all-reduce (volumes from paratrain.cost.compress).
 Target: Ok-Topk faster than dense at <= 1 % and faster than TopkA.
 """
 
@@ -67,6 +71,24 @@ def _worker(rank: int, world: int, args: argparse.Namespace, rdzv: str, queue: m
                 if rep >= args.warmup:
                     results.setdefault((m, density), []).append(float(elapsed))
                     sent[(m, density)] = max(sent.get((m, density), 0), elements)
+    # the floor of any sparse method here: one pass adding the residual and one finding the entries
+    # above a threshold (Ok-Topk's reused-threshold selection), no communication, all ranks at once
+    from paratrain.runtime.compress.select import Scratch, sampled_threshold
+
+    scratch, residual = Scratch(), torch.zeros(n)
+    for density in args.densities:
+        for rep in range(args.warmup + args.reps):
+            g = _gradient(n, gen)
+            thr = sampled_threshold(g, max(1, math.ceil(n * density)))
+            dist.barrier()
+            start = time.perf_counter()
+            scratch.above(residual.add_(g), thr)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            residual.zero_()
+            if rep >= args.warmup:
+                results.setdefault(("select only", density), []).append(float(elapsed))
+                sent[("select only", density)] = 0
     if rank == 0:
         queue.put((results, sent))
     dist.barrier()
@@ -89,17 +111,27 @@ def main() -> None:
     results, sent = queue.get()
     n, p = args.elements, args.ranks
     print(f"one reduction of {n:,} fp32 elements on {p} gloo ranks (1 thread each), median of {args.reps} "
-          f"after {args.warmup} warm-up call(s); torch {torch.__version__}, {os.cpu_count()} CPU cores")
+          f"after {args.warmup} warm-up call(s); torch {torch.__version__}, {os.cpu_count()} CPU cores, "
+          f"load average {os.getloadavg()[0]:.1f}")
     dense = statistics.median(results[("dense", args.densities[0])])
     for density in args.densities:
         k = max(1, math.ceil(n * density))
         print(f"\ndensity {density:g} (k = {k:,}; Ok-Topk bound 6k(P-1)/P = {6 * k * (p - 1) / p:,.0f} elements)")
-        print(f"{'method':<10} {'median s':>10} {'dense/this':>11} {'this/oktopk':>12} {'elements sent/rank':>19}")
+        print(f"{'method':<11} {'median s':>10} {'dense/this':>11} {'this/oktopk':>12} {'elements sent/rank':>19}")
         ok = statistics.median(results[("oktopk", density)])
-        for m in METHODS:
+        for m in (*METHODS, "select only"):
             key = (m, density if (m, density) in results else args.densities[0])
             t = statistics.median(results[key])
-            print(f"{m:<10} {t:>10.3f} {dense / t:>11.2f} {t / ok:>12.2f} {sent[key]:>19,}")
+            print(f"{m:<11} {t:>10.3f} {dense / t:>11.2f} {t / ok:>12.2f} {sent[key]:>19,}")
+        # where the trade turns on a real link of bandwidth B: dense sends its volume at B; Ok-Topk
+        # sends its bound at B plus, at most, its whole time here (selection, index work and
+        # shared-memory transfers counted as overhead); alpha terms are negligible at this size
+        from paratrain.cost.compress import volume_elements
+
+        dense_bytes = volume_elements("none", n, density, p) * 4
+        ok_bytes = volume_elements("oktopk", n, density, p) * 4  # fp32 values, int32 indices
+        print(f"Ok-Topk beats dense all-reduce on links below {(dense_bytes - ok_bytes) / ok / 1e9:.2f} GB/s "
+              f"({(dense_bytes - ok_bytes) * 8 / ok / 1e9:.1f} Gbit/s) with this host's selection cost")
     sys.stdout.flush()
 
 

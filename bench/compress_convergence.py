@@ -1,7 +1,9 @@
 """Convergence with gradient compression: the tiny GPT on 4 data-parallel ranks, dense all-reduce
-against every compressor at one density, same seed and data; a table and a PNG of the loss curves.
+against every compressor at one density, same seed, data and optimizer; a table and a PNG of the
+loss curves.
 
-    .venv/bin/python bench/compress_convergence.py                         # 300 steps, density 1 %
+    .venv/bin/python bench/compress_convergence.py                 # SGD with momentum, 300 steps, density 1 %
+    .venv/bin/python bench/compress_convergence.py --optimizer adamw --lr 3e-3
     .venv/bin/python bench/compress_convergence.py --steps 100 --plot /tmp/loss.png
 
 Each method is one ``paratrain train`` run (``run_training``, 4 gloo processes). The final loss
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from paratrain.fileio import atomic_writer, check_output_path
+from paratrain.fileio import atomic_write_png, check_output_path
 from paratrain.parallel.config import ParallelConfig
 from paratrain.runtime.launch import run_training
 
@@ -26,21 +28,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--global-batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default 0.3 with sgd, 3e-3 with adamw)")
     ap.add_argument("--warmup", type=int, default=5, help="dense steps before compression (--compress-warmup)")
     ap.add_argument("--tail", type=int, default=20)
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--plot", default="docs/img/compress_convergence.png")
     args = ap.parse_args()
     check_output_path(args.plot, "--plot")
+    lr = args.lr if args.lr is not None else (0.3 if args.optimizer == "sgd" else 3e-3)
     curves: dict[str, list[float]] = {}
     for m in args.methods:
         cfg = ParallelConfig(dp=4, global_batch=args.global_batch, compression=m, compression_density=args.density)
-        result = run_training("gpt-tiny", cfg, steps=args.steps, seed=0, lr=args.lr, compress_warmup=args.warmup,
-                              progress=False, log_every=10**9)
+        result = run_training("gpt-tiny", cfg, steps=args.steps, seed=0, lr=lr, optimizer=args.optimizer,
+                              compress_warmup=args.warmup, progress=False, log_every=10**9)
         curves[m] = result.losses
     dense = statistics.fmean(curves["none"][-args.tail:]) if "none" in curves else None
-    print(f"gpt-tiny, dp=4 (gloo), {args.steps} steps, global batch {args.global_batch}, lr {args.lr:g}, "
+    print(f"gpt-tiny, dp=4 (gloo), {args.steps} steps, global batch {args.global_batch}, {args.optimizer} lr {lr:g}, "
           f"density {args.density:g}, {args.warmup} dense warm-up steps; final = mean of the last {args.tail}")
     print("| method | final loss | vs dense |\n|---|---:|---:|")
     for m, losses in curves.items():
@@ -57,11 +61,10 @@ def main() -> None:
         ax.plot(range(1, len(losses) + 1), losses, label=m if m != "none" else "dense all-reduce", lw=1)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title(f"gpt-tiny, 4 ranks, density {args.density:g}")
+    ax.set_title(f"gpt-tiny, 4 ranks, {args.optimizer}, density {args.density:g}")
     ax.legend()
     fig.tight_layout()
-    with atomic_writer(args.plot, "--plot", binary=True) as fh:
-        fig.savefig(fh, format="png", dpi=120)
+    atomic_write_png(args.plot, fig, "--plot")
     print(f"wrote {args.plot}")
 
 

@@ -114,8 +114,3 @@ def test_a_fresh_run_refuses_a_directory_holding_checkpoints(trained: Path, run_
     code, _, err = run_cli("train", *TINY, "--checkpoint-dir", str(trained / "ckpt"))
     assert_one_line_error(code, err, "--checkpoint-dir", "already holds checkpoints", "--resume")
 
-
-def test_asynchronous_pipelines_are_refused_up_front(tmp_path: Path, run_cli) -> None:
-    code, _, err = run_cli("train", *TINY, "--pp", "2", "--schedule", "pipedream", "--nproc", "2",
-                           "--checkpoint-dir", str(tmp_path / "ck"))
-    assert_one_line_error(code, err, "--checkpoint-dir", "pipedream", "synchronous")

@@ -52,29 +52,44 @@ def test_interval_worked_example() -> None:
     assert frequency.interval_for(0.0, 1.0, 1.0) == 1  # no measurement yet: every step
 
 
-def test_overhead_of_an_interval() -> None:
-    # 4 steps of 1.0, 1.1, 1.0, 1.1 s and a 0.2 s stall against 1.0 s clean steps: 0.4 s extra over 4 s
-    assert frequency.interval_overhead([1.0, 1.1, 1.0, 1.1], 0.2, 1.0) == pytest.approx(0.1)
-    assert frequency.interval_overhead([], 1.0, 1.0) == 0.0
+def test_interference_is_the_extra_time_of_the_overlapped_steps() -> None:
+    # 4 steps of 1.0, 1.1, 1.0, 1.3 s beside a write, against 1.0 s clean steps: 0.4 s extra
+    assert frequency.interference([1.0, 1.1, 1.0, 1.3], 1.0) == pytest.approx(0.4)
+    assert frequency.interference([], 1.0) == 0.0
+    # faster than the clean steps: the machine changed, not a cost the write took back
+    assert frequency.interference([0.8, 0.9], 1.0) == 0.0
 
 
-@pytest.mark.parametrize("k,overhead", [(4, 0.07), (10, 0.036), (3, 0.05), (7, 0.06)])
-def test_retune_brings_a_fixed_cost_back_within_the_bound(k: int, overhead: float) -> None:
-    bound = 0.035
-    new = frequency.retune(k, overhead, bound)
-    assert new > k
-    # a fixed cost per checkpoint spread over new instead of k steps
-    assert overhead * k / new <= bound + 1e-12
-    assert overhead * k / (new - 1) > bound or new == k + 1  # and no longer than needed
+def _smallest_within_budget(step_s, cost_s, persist_s, spent_s, total, left, bound) -> int:
+    """By search: the fewest steps per checkpoint (never below CheckFreq's) for which the cost spent
+    so far plus that of the checkpoints still taken before the end stays within ``bound`` of the
+    run's clean time; the whole rest of the run when none fits."""
+    for k in range(frequency.interval_for(step_s, cost_s, persist_s, bound), left + 1):
+        taken = math.ceil(left / k) - 1  # at done + k, done + 2k, ... before the end
+        if spent_s + taken * cost_s <= bound * total * step_s + 1e-12:
+            return k
+    return max(frequency.interval_for(step_s, cost_s, persist_s, bound), left)
 
 
-@pytest.mark.parametrize("k,overhead,want", [(1, 0.5, 2), (4, 1.0, 8), (5, 0.2, 10)])
-def test_retune_at_most_doubles(k: int, overhead: float, want: int) -> None:
-    assert frequency.retune(k, overhead, 0.035) == want
+@pytest.mark.parametrize("cost_s", [0.001, 0.05, 0.1, 0.4])
+@pytest.mark.parametrize("spent_s", [0.0, 0.1, 0.25, 2.0])
+@pytest.mark.parametrize("total,left", [(400, 396), (400, 200), (40, 30), (10000, 9000)])
+def test_budget_interval_is_the_smallest_that_fits_the_run(cost_s, spent_s, total, left) -> None:
+    step_s, persist_s, bound = 0.02, 0.09, 0.035
+    k = frequency.budget_interval(step_s, cost_s, persist_s, spent_s=spent_s, steps_total=total, steps_left=left,
+                                  bound=bound)
+    assert k == _smallest_within_budget(step_s, cost_s, persist_s, spent_s, total, left, bound)
 
 
-def test_retune_keeps_an_interval_within_the_bound() -> None:
-    assert frequency.retune(5, 0.02, 0.035) == 5
+def test_budget_interval_worked_example() -> None:
+    # 400 steps of 20 ms: 3.5% is 0.28 s; the profiling checkpoint spent 0.1 s, each costs 0.1 s:
+    # one more fits in the 396 steps left (at 4 + 198), CheckFreq's own k would be 143
+    assert frequency.interval_for(0.02, 0.1, 0.09) == 143
+    assert frequency.budget_interval(0.02, 0.1, 0.09, spent_s=0.1, steps_total=400, steps_left=396) == 198
+    # a long run: the profiling checkpoint is amortized, and the interval is CheckFreq's
+    assert frequency.budget_interval(0.02, 0.1, 0.09, spent_s=0.1, steps_total=10**6, steps_left=10**6 - 4) == 143
+    # over budget: none before the end of the run
+    assert frequency.budget_interval(0.02, 0.1, 0.09, spent_s=0.3, steps_total=400, steps_left=396) == 396
 
 
 def test_seconds_to_steps() -> None:
@@ -175,3 +190,14 @@ def test_metadata_reader_builds_no_foreign_object(tmp_path) -> None:
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Exploit()))
     with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
         SafeReader(str(tmp_path)).read_metadata()
+
+
+def test_a_manifest_written_before_a_model_field_existed_still_matches_its_model():
+    from paratrain.spec.model import resolve_model
+
+    spec = resolve_model("gpt-tiny").to_dict()
+    older = {k: v for k, v in spec.items() if k not in ("norm_eps", "rope_theta", "pad_token")}
+    store.check_compatible({"model": "gpt-tiny", "model_spec": older, "seed": 0}, spec, 0)
+    other = dict(older, layers=spec["layers"] + 1)
+    with pytest.raises(ConfigError, match="layers"):
+        store.check_compatible({"model": "gpt-tiny", "model_spec": other, "seed": 0}, spec, 0)

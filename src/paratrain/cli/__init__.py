@@ -40,10 +40,12 @@ _COMMAND_MODULES = (
     "plan",
     "validate",
     "train",
+    "plot",
     "checkpoint",
     "data",
     "compare",
     "calibrate",
+    "comm",
     "demo",
     "cluster",
 )

@@ -94,6 +94,32 @@ def tp_lines(rows: list[list[str | int | float]], device: DeviceSpec) -> list[st
     return out
 
 
+def _fit_from_comm_table(links: Path, table_path: Path, json_out: bool) -> None:
+    """``--comm-table``: the link's alpha-beta fitted to ``paratrain comm tune``'s send/recv times
+    (:func:`paratrain.runtime.comm.tune.links_from_table`), the other figures of the file kept."""
+    from paratrain.runtime.comm.table import load_table
+    from paratrain.runtime.comm.tune import links_from_table
+
+    table = load_table(table_path, "--comm-table")
+    existing = None
+    if links.is_file():
+        try:
+            old = json.loads(links.read_text(encoding="utf-8"))
+            existing = old if isinstance(old, dict) else None
+        except (OSError, ValueError):
+            existing = None  # a damaged file is rewritten, as a fresh calibration would
+    doc = links_from_table(table, existing)
+    atomic_write_text(links, json.dumps(doc, indent=2) + "\n", "--out")
+    if json_out:
+        print_json({"links_path": str(links), "links": doc})
+        return
+    for f in doc["comm_fit"]:
+        print(f"{f['op']:<15} {f['backend']:<8} alpha {f['latency_s'] * 1e6:8.1f} us  "
+              f"beta {f['bandwidth_Bps'] / 1e9:7.2f} GB/s")
+    print(f"link of the cpu cluster: alpha {doc['p2p_latency_s'] * 1e6:.1f} us, beta "
+          f"{doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s ({doc['comm_fit_backend']} send/recv); wrote {links}")
+
+
 def _kib(n: int) -> str:
     return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
 
@@ -108,9 +134,21 @@ def calibrate(
     from_trace: Annotated[list[Path] | None, typer.Option(
         "--from-trace", help="Measured pipeline runs (paratrain train --trace): fit the stored calibration's "
         "compute speed and duration variation to them instead of measuring anything. Repeatable.")] = None,
+    comm_table: Annotated[Path | None, typer.Option(
+        "--comm-table", help="A table from `paratrain comm tune`: fit the cpu cluster's link alpha-beta to its "
+        "send/recv times (and store the per-operation fits) instead of measuring anything.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     target = out if out is not None else cpu_calibration_path()
+    if comm_table is not None:
+        if from_trace or threads is not None:
+            raise ConfigError("--comm-table", "measures nothing and fits only the link",
+                              "drop --from-trace/--threads, or run them separately")
+        links_out = target.parent / cpu_cluster_calibration_path().name
+        check_output_path(links_out, "--out")
+        check_distinct_paths({"--out": links_out}, {"--comm-table": comm_table})
+        _fit_from_comm_table(links_out, comm_table, json_out)
+        return
     if from_trace:
         if threads is not None:
             raise ConfigError("--threads", "measures nothing with --from-trace", "drop --threads or --from-trace")

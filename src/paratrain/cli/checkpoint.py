@@ -5,6 +5,7 @@ Examples::
     paratrain checkpoint inspect ckpt/                 # every checkpoint: step, layout, size, integrity
     paratrain checkpoint inspect ckpt/ --json
     paratrain checkpoint export ckpt/ --to model.safetensors [--step 20]
+    paratrain checkpoint export ckpt/ --hf hf-out/     # config.json + model.safetensors for transformers
 """
 
 from __future__ import annotations
@@ -68,20 +69,28 @@ def inspect(
                else "--resume would fail: no complete checkpoint")
 
 
-@checkpoint_app.command("export", help="Write the full model weights of a checkpoint as a safetensors file.")
+@checkpoint_app.command("export", help="Write the full model weights of a checkpoint as a safetensors file "
+                        "(--to) or a Hugging Face model directory (--hf).")
 def export(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A --checkpoint-dir of paratrain train.")],
-    to: Annotated[Path, typer.Option("--to", help="The .safetensors file to write.")],
+    to: Annotated[Path | None, typer.Option("--to", help="The .safetensors file to write (paratrain's names).")]
+    = None,
+    hf: Annotated[Path | None, typer.Option("--hf", help="A Hugging Face model directory to write (config.json + "
+                  "model.safetensors) that transformers' from_pretrained loads.")] = None,
     step: Annotated[int | None, typer.Option("--step", help="Which checkpoint (default: newest complete).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.fileio import check_output_path
-    from paratrain.runtime.checkpoint.export import choose, export_safetensors
+    from paratrain.runtime.checkpoint.export import choose, export_hf, export_safetensors
 
-    check_output_path(to, "--to")
+    if (to is None) == (hf is None):
+        raise ConfigError("--to", "give exactly one of --to FILE and --hf DIR",
+                          "use --to model.safetensors (paratrain's names) or --hf OUTDIR (Hugging Face)")
+    if to is not None:
+        check_output_path(to, "--to")
     _existing_dir(directory)
     info = choose(directory, step)
-    path, n, size = export_safetensors(info, to)
+    path, n, size = export_safetensors(info, to) if to is not None else export_hf(info, hf)  # type: ignore[arg-type]
     if json_out:
         print_json({"path": str(path), "step": info.step, "tensors": n, "size_bytes": size})
         return

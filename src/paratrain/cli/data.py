@@ -7,6 +7,8 @@ Examples::
     paratrain data analyze --data imgs --fetch-ms 5        # storage that waits 5 ms per item
     paratrain data analyze --pipeline my_pipeline:make_loader --data imgs --compute-ms 20
     paratrain data whatif --from stalls.json --cache-fraction 0.5 --workers 4 --plot whatif.png
+    paratrain data tokenizer --train corpus/ --vocab 8000 --out tok      # byte-level BPE tokenizer.json
+    paratrain data prepare --tokenizer tok --out cache corpus/ more.jsonl   # token cache for train --data
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from rich.table import Table
 from paratrain.cli.options import JsonOpt, flag_errors, print_json
 from paratrain.errors import ConfigError
 
-__all__ = ["register", "generate", "analyze", "whatif"]
+__all__ = ["register", "generate", "analyze", "whatif", "tokenizer", "prepare"]
 
 data_app = typer.Typer(help="Input pipelines: generate a dataset, measure data stalls, predict what-ifs.",
                        no_args_is_help=True)
@@ -187,3 +189,53 @@ def whatif(
         t.add_row(f"{100 * p.cache_fraction:.0f}%", f"{p.epoch_time_s:.2f}", f"{p.throughput_items_s:,.1f}",
                   f"{100 * p.prep_stall_fraction:.0f}%", f"{100 * p.fetch_stall_fraction:.0f}%")
     console.print(t)
+
+
+# ----- tokenized text (runtime/data/tokenized.py) ------------------------------------------------------
+
+@data_app.command("tokenizer", help="Train a byte-level BPE tokenizer (tokenizer.json) on local text files.")
+@flag_errors
+def tokenizer(
+    train: Annotated[list[str] | None, typer.Option("--train", help="Text files or directories (.txt, .jsonl with "
+                     "a 'text' field, .parquet with a 'text' column; a named file of another suffix is read as "
+                     "text); repeat the flag, or list more files after the options.")] = None,
+    more: Annotated[list[str] | None, typer.Argument(help="More files or directories to train on.",
+                                                     metavar="FILES", show_default=False)] = None,
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size (256 bytes, <|endoftext|>, merges).")] = 8000,
+    out: Annotated[Path, typer.Option("--out", help="Directory to write tokenizer.json into.")] = Path("tokenizer"),
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.runtime.data.tokenized import find_documents, train_tokenizer
+
+    info = train_tokenizer(find_documents([*(train or []), *(more or [])], "--train"), vocab, out)
+    if json_out:
+        print_json({"tokenizer": str(info.path), "vocab_size": info.vocab_size, "eos_token": info.eos_token,
+                    "eos_id": info.eos_id, "sha256": info.sha256})
+        return
+    typer.echo(f"wrote {info.path}: byte-level BPE, {info.vocab_size:,} ids, end of document {info.eos_token} "
+               f"(id {info.eos_id})")
+
+
+@data_app.command("prepare", help="Tokenize text files into a memory-mapped token cache for train --data.")
+@flag_errors
+def prepare(
+    files: Annotated[list[str], typer.Argument(help="Text files or directories (.txt, .jsonl, .parquet).",
+                                               metavar="FILES", show_default=False)],
+    tokenizer_dir: Annotated[str, typer.Option("--tokenizer", help="Directory with a tokenizer.json (a Hugging "
+                             "Face model directory, or `paratrain data tokenizer --out`).")],
+    out: Annotated[Path, typer.Option("--out", help="Cache directory (new, empty, or an earlier cache).")],
+    json_out: JsonOpt = False,
+) -> None:
+    from paratrain.runtime.data.tokenized import find_documents, load_tokenizer
+    from paratrain.runtime.data.tokenized import prepare as prepare_cache
+
+    done = prepare_cache(find_documents(files, "FILES"), load_tokenizer(tokenizer_dir), out, "FILES")
+    c = done.cache
+    if json_out:
+        print_json({"cache": str(c.path), "reused": done.reused, "tokens": c.num_tokens,
+                    "documents": c.index["documents"], "vocab_size": c.vocab_size, "dtype": c.index["dtype"],
+                    "size_bytes": c.size_bytes})
+        return
+    what = "up to date, nothing tokenized" if done.reused else "tokenized"
+    typer.echo(f"{c.path}: {what}: {c.num_tokens:,} tokens from {c.index['documents']:,} documents in "
+               f"{len(c.index['sources'])} file(s), {c.index['dtype']} ({c.size_bytes:,} bytes)")

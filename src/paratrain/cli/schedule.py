@@ -58,6 +58,9 @@ def show(
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome trace (Perfetto) JSON.")] = None,
     save: Annotated[Path | None, typer.Option("--save", help="Write the schedule IR as JSON.")] = None,
     actions: Annotated[bool, typer.Option("--actions", help="Also print every rank's action list.")] = False,
+    fill: Annotated[str | None, typer.Option(
+        "--fill", help="'kfac': fill the bubbles with K-FAC pieces of uniform sizes (curvature 0.25 per micro-batch "
+        "and chunk, all-reduce 0.5, two inversions of 1) and show the filled steps of one refresh cycle.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.fileio import atomic_write_png, atomic_write_text, check_distinct_paths, check_output_path
@@ -109,23 +112,42 @@ def show(
         check_plot_size([a for row in sched.actions for a in row if a.is_compute], "--plot")
     check = validate(sched)
     res = simulate(sched, forward=forward_time, backward=backward_time, record=True)
+    kfac = None
+    if fill is not None:
+        if fill != "kfac":
+            raise ConfigError("--fill", f"unknown filler work {fill!r}", "use --fill kfac")
+        from paratrain.sim.engine import uniform_timing
+        from paratrain.sim.fill import fill_kfac, uniform_kfac_work
+
+        kfac = fill_kfac(sched, uniform_timing(sched, forward_time, backward_time), uniform_kfac_work(sched))
     if plot is not None:
         fig = plot_timeline(
-            res.events,
+            kfac.events if kfac is not None else res.events,
             sched.stages,
             unit_label="time (units of one forward)" if forward_time == 1 else "time",
             title=f"{sched.name}: {sched.stages} stages, {sched.microbatches} micro-batches"
-            f", bubble {res.bubble_fraction:.1%}",
+            f", bubble {res.bubble_fraction:.1%}" + (
+                f"; K-FAC fillers over {kfac.refresh_steps} steps" if kfac is not None else ""),
         )
         atomic_write_png(plot, fig, "--plot")
     if trace is not None:
-        write_trace(trace, res.events, field="--trace", title=sched.name, time_unit_s=1.0,
+        events = kfac.events if kfac is not None else res.events
+        write_trace(trace, events, field="--trace", title=sched.name, time_unit_s=1.0,
                     metadata={"source": "paratrain schedule show (uniform durations)", "schedule": sched.name,
                               "stages": sched.stages, "microbatches": sched.microbatches,
                               "iterations": sched.iterations, "forward_time": forward_time,
                               "backward_time": backward_time})
     if save is not None:
-        atomic_write_text(save, json.dumps(sched.to_dict(), indent=1) + "\n", "--save")
+        saved = kfac.filled.to_dict() if kfac is not None else sched.to_dict()
+        atomic_write_text(save, json.dumps(saved, indent=1) + "\n", "--save")
+    kfac_out = {} if kfac is None else {
+        "utilization_without_fillers": kfac.utilization_without_fillers,
+        "utilization_with_fillers": kfac.utilization_with_fillers,
+        "kfac_refresh_steps": kfac.refresh_steps,
+        "iteration_time_with_fillers": kfac.iteration_time_with_fillers_s / forward_time,
+        "kfac_serial_pieces": kfac.serial_pieces,
+        "kfac_filled_schedule": kfac.filled.to_dict(),
+    }
     if json_out:
         print_json(
             {
@@ -145,6 +167,7 @@ def show(
                 "weight_versions_by_rank": list(check.weight_versions_by_rank),
                 "p2p_batches_by_rank": list(check.p2p_batches_by_rank),
                 "actions": sum(len(row) for row in sched.actions),
+                **kfac_out,
             }
         )
         return
@@ -163,8 +186,15 @@ def show(
     print("peak in-flight micro-batches by rank: " + " ".join(map(str, check.peak_inflight_by_rank)))
     if max(check.weight_versions_by_rank) > 1:
         print("weight versions by rank: " + " ".join(map(str, check.weight_versions_by_rank)))
-    if actions:
+    if actions and kfac is None:
         print(sched.to_text())
+    if kfac is not None:
+        print(f"K-FAC in the bubbles: utilization {kfac.utilization_without_fillers:.4f} without fillers, "
+              f"{kfac.utilization_with_fillers:.4f} with; one refresh every {kfac.refresh_steps} steps; "
+              f"step time with fillers {kfac.iteration_time_with_fillers_s:g}")
+        for i, s in enumerate(kfac.filled.iterations):
+            print(f"step {i} of the cycle:")
+            print(s.to_text())
     for what, path in (("plot", plot), ("trace", trace), ("schedule", save)):
         if path is not None:
             print(f"wrote {what}: {path}")

@@ -141,6 +141,11 @@ def simulate(
         "draws. Default: the device's (paratrain calibrate measures it on a CPU; GPU presets 0).")] = None,
     samples: Annotated[int | None, typer.Option(
         "--samples", help="Draws of the action durations when they vary (default 32).")] = None,
+    fill: Annotated[str | None, typer.Option(
+        "--fill", help="Fill the bubbles with work: 'kfac' places K-FAC's curvature, factor all-reduce and "
+        "inversions (PipeFisher); adds utilization with/without fillers and the refresh interval.")] = None,
+    kfac_inversion: Annotated[str, typer.Option(
+        "--kfac-inversion", help="With --fill kfac: 'inverse' (Cholesky, ~n³ FLOPs) or 'eigen' (~9n³).")] = "inverse",
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -154,6 +159,10 @@ def simulate(
             check_output_path(path, flag)  # before any work: a typo costs seconds
     check_distinct_paths({"--trace": trace, "--plot": plot},
                          {"--config": config, "--model": model, "--cluster": cluster, "--device": device})
+    if fill is not None and fill != "kfac":
+        raise ConfigError("--fill", f"unknown filler work {fill!r}", "use --fill kfac")
+    if kfac_inversion not in ("inverse", "eigen"):
+        raise ConfigError("--kfac-inversion", f"unknown method {kfac_inversion!r}", "use inverse or eigen")
     doc: dict[str, Any] = load_run_document(config) if config is not None else {}
     overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
     spec = _resolve_model(model, doc, overrides)
@@ -227,12 +236,17 @@ def simulate(
         spec, clus, cfg, overlap_grad_reduce=overlap_grad_reduce, record=bool(trace or plot or comm_log),
         duration_cv=duration_cv, samples=samples,
     )
+    kfac = None
+    if fill is not None:
+        from paratrain.sim.fill import fill_kfac_config
+
+        kfac = fill_kfac_config(spec, clus, cfg, method=kfac_inversion)
     if trace is not None:
         from paratrain.trace import write_trace
 
         write_trace(
             trace,
-            res.events,
+            kfac.events if kfac is not None else res.events,
             field="--trace",
             title=f"{spec.name} {cfg.schedule}",
             metadata={"source": "paratrain simulate (predicted)", "model": spec.name, "model_spec": spec.to_dict(),
@@ -243,11 +257,14 @@ def simulate(
             f"{spec.name}: {cfg.schedule}, pp={cfg.pp} tp={cfg.tp} dp={cfg.dp}, {cfg.num_microbatches} "
             f"micro-batches, bubble {res.bubble_fraction:.1%}"
         )
+        if kfac is not None:
+            title += (f"\nK-FAC in the bubbles: {kfac.refresh_steps} steps per refresh, utilization "
+                      f"{kfac.utilization_without_fillers:.1%} → {kfac.utilization_with_fillers:.1%}")
         import matplotlib.pyplot as plt
 
         from paratrain.fileio import atomic_write_png
 
-        fig = plot_timeline(res.events, cfg.pp, title=title)
+        fig = plot_timeline(kfac.events if kfac is not None else res.events, cfg.pp, title=title)
         try:
             atomic_write_png(plot, fig, "--plot")
         finally:
@@ -264,10 +281,20 @@ def simulate(
         "usable_memory_bytes": clus.device.usable_memory_bytes,
         "fits_in_memory": res.peak_memory_bytes <= clus.device.usable_memory_bytes,
     }
+    if kfac is not None:
+        out.update(kfac.to_dict())
+        out["kfac_filled_schedule"] = kfac.filled.to_dict()
     if json_out:
         print_json(out)
         return
     _print(out, res)
+    if kfac is not None:
+        print(f"K-FAC in the bubbles: utilization {out['utilization_without_fillers']:.1%} without fillers, "
+              f"{out['utilization_with_fillers']:.1%} with; one refresh (curvature, factor all-reduce, inversion) "
+              f"every {out['kfac_refresh_steps']} steps; step time with fillers "
+              f"{out['iteration_time_with_fillers_s'] * 1e3:,.2f} ms; {out['kfac_serial_pieces']} pieces fit no "
+              "bubble and run at a step's end; with the preconditioning at every optimizer step "
+              f"{out['iteration_time_with_kfac_s'] * 1e3:,.2f} ms")
     for what, path in (("trace", trace), ("plot", plot)):
         if path is not None:
             print(f"wrote {what}: {path}")

@@ -42,6 +42,7 @@ _P = "Parallel layout"
 _T = "Training"
 _O = "Output"
 _C = "Checkpointing"
+_E = "Evaluation"
 
 
 def register(app: typer.Typer) -> None:
@@ -50,12 +51,60 @@ def register(app: typer.Typer) -> None:
     )
 
 
+def _token_cache_named(*paths: str | None) -> bool:
+    # a directory `paratrain data prepare` wrote (runtime/data/tokenized.py)
+    return any(p is not None and os.path.isfile(os.path.join(p, "index.json")) for p in paths)
+
+
 def _model_from_doc(doc: Any) -> Any:
     from paratrain.spec.model import from_document, resolve_model
 
     if isinstance(doc, dict):
         return from_document(doc, "--config model")
     return resolve_model(str(doc), "--config model")
+
+
+def _initial_weights(model: str | None, init: str | None) -> dict[str, Any]:
+    """``--init``: pretrained by default when ``--model`` is a HF directory holding weights."""
+    hf_dir = model is not None and os.path.isfile(os.path.join(model, "config.json"))
+    weights = hf_dir and any(f.endswith(".safetensors") for f in os.listdir(model or "."))
+    if init is None:
+        init = "pretrained" if weights else "random"
+    if init == "pretrained" and not hf_dir:
+        raise ConfigError("--init", f"pretrained needs --model to be a HF model directory, got {model!r}",
+                          "give --model DIR (config.json + *.safetensors) or use --init random")
+    return {"init": init, "init_from": model if init == "pretrained" else None}
+
+
+def _with_optimizer(tcfg: Any, spec: Any, pcfg: Any, optimizer: str, damping: float, refresh: int | None,
+                    fill_bubbles: bool, fill_cluster: str) -> Any:
+    """The run's optimizer options; with ``--fill-bubbles`` the bubble-filled schedule from the
+    simulator's fill pass (this layer may import sim; the runtime receives it as JSON)."""
+    import dataclasses
+    import json
+
+    from paratrain.runtime.config import check_kfac
+
+    if fill_bubbles and optimizer != "kfac":
+        raise ConfigError("--fill-bubbles", f"fills the bubbles with K-FAC's work, got --optimizer {optimizer}",
+                          "add --optimizer kfac")
+    if fill_bubbles and pcfg.pp < 2:
+        raise ConfigError("--fill-bubbles", f"fills pipeline bubbles and needs --pp > 1, got pp={pcfg.pp}",
+                          "add --pp 2 (or more), or drop --fill-bubbles")
+    tcfg = dataclasses.replace(tcfg, optimizer=optimizer, kfac_damping=damping,
+                               kfac_refresh=refresh if refresh is not None else 1)
+    check_kfac(pcfg, tcfg)
+    if not fill_bubbles:
+        return tcfg
+    from paratrain.sim.fill import fill_kfac_config
+    from paratrain.spec.cluster import resolve_cluster
+
+    cluster = resolve_cluster(fill_cluster, "--fill-cluster", nodes=1, gpus=pcfg.world_size)
+    fill = fill_kfac_config(spec, cluster, pcfg)
+    if refresh is not None and refresh != fill.refresh_steps:
+        raise ConfigError("--kfac-refresh", f"is {refresh} but the fill pass needs {fill.refresh_steps} steps per "
+                          "K-FAC cycle in this schedule's bubbles", "leave --kfac-refresh out with --fill-bubbles")
+    return dataclasses.replace(tcfg, kfac_refresh=fill.refresh_steps, kfac_filled=json.dumps(fill.filled.to_dict()))
 
 
 def train(
@@ -67,6 +116,9 @@ def train(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
+    init: Annotated[str | None, typer.Option("--init", help="Initial weights: pretrained (the HF --model "
+                    "directory's safetensors; default when it has them) or random (from --seed).",
+                    rich_help_panel=_T)] = None,
     config: Annotated[str | None, typer.Option("--config", help="Run document from `paratrain plan --json` or a "
                                                "ParallelConfig file; flags override it.", rich_help_panel=_P)] = None,
     dp: DpOpt = None,
@@ -94,7 +146,22 @@ def train(
                      "(torch elastic launcher). Omit under torchrun.", rich_help_panel=_P)] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.", rich_help_panel=_T)] = 20,
     seed: Annotated[int, typer.Option("--seed", help="Seed of initialization and data.", rich_help_panel=_T)] = 0,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW).", rich_help_panel=_T)] = 1e-3,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW; SGD's with --optimizer kfac or sgd).",
+                                      rich_help_panel=_T)] = 1e-3,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw, kfac (K-FAC-preconditioned SGD with "
+                         "momentum on the blocks' linear layers), or sgd (SGD with momentum 0.9, decoupled "
+                         "weight decay).", rich_help_panel=_T)] = "adamw",
+    kfac_damping: Annotated[float, typer.Option("--kfac-damping", help="K-FAC: damping added to each Kronecker "
+                            "factor before inversion.", rich_help_panel=_T)] = 1e-3,
+    kfac_refresh: Annotated[int | None, typer.Option("--kfac-refresh", help="K-FAC: steps per curvature cycle "
+                            "(curvature from the cycle's first step, inverses active from the next cycle; default 1, "
+                            "with --fill-bubbles the fill pass's).", rich_help_panel=_T)] = None,
+    fill_bubbles: Annotated[bool, typer.Option("--fill-bubbles", help="K-FAC with --pp > 1: run its pieces in the "
+                            "schedule's bubbles as the fill pass places them (PipeFisher).",
+                            rich_help_panel=_T)] = False,
+    fill_cluster: Annotated[str, typer.Option("--fill-cluster", help="Cluster preset or file whose cost model "
+                            "times the schedule and the K-FAC pieces for --fill-bubbles.",
+                            rich_help_panel=_T)] = "cpu",
     warmup: Annotated[int | None, typer.Option("--warmup", help="Warm-up steps (default 10% of --steps), then "
                       "cosine decay to lr/10.", rich_help_panel=_T)] = None,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Clip the global gradient norm to this.",
@@ -113,6 +180,11 @@ def train(
                        "path: every rank).", rich_help_panel=_O)] = None,
     trace: Annotated[str | None, typer.Option("--trace", help="Measured Chrome trace of all ranks (JSON).",
                                               rich_help_panel=_O)] = None,
+    comm_log: Annotated[str | None, typer.Option("--comm-log", help="Every collective and transfer of every "
+                        "rank, one JSON line each (op, bytes, group, start_s, time_s, backend, ...).",
+                        rich_help_panel=_O)] = None,
+    comm_table: Annotated[str | None, typer.Option("--comm-table", help="Tuning table from `paratrain comm "
+                          "tune`: the backend of each call by op, size and group size.", rich_help_panel=_P)] = None,
     save_final: Annotated[str | None, typer.Option("--save-final", help="torch.save the final unsharded "
                           "parameters here (rank 0).", rich_help_panel=_O)] = None,
     checkpoint_dir: Annotated[str | None, typer.Option("--checkpoint-dir", help="Write checkpoints (DCP, "
@@ -130,6 +202,22 @@ def train(
     log_every: Annotated[int, typer.Option("--log-every", help="Print every N-th step.", rich_help_panel=_O)] = 1,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Rich progress bar on rank 0.",
                                            rich_help_panel=_O)] = True,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Directory with a tokenizer.json: --data "
+                         "text files (.txt, .jsonl, .parquet) are tokenized into a cache on first use.",
+                         rich_help_panel=_T)] = None,
+    eval_data: Annotated[str | None, typer.Option("--eval-data", help="Validation text (file, directory or token "
+                         "cache): eval_loss and eval_ppl in the metrics.", rich_help_panel=_E)] = None,
+    eval_every: Annotated[int | None, typer.Option("--eval-every", help="Evaluate every N steps (default: after "
+                          "the last step only).", rich_help_panel=_E)] = None,
+    eval_batches: Annotated[int | None, typer.Option("--eval-batches", help="Global batches per evaluation "
+                            "(default 4).", rich_help_panel=_E)] = None,
+    tensorboard: Annotated[str | None, typer.Option("--tensorboard", help="Write TensorBoard scalars to this "
+                           "directory (rank 0).", rich_help_panel=_O)] = None,
+    wandb: Annotated[bool, typer.Option("--wandb", help="Log to Weights & Biases (offline unless WANDB_MODE is "
+                     "set; rank 0).", rich_help_panel=_O)] = False,
+    wandb_project: Annotated[str, typer.Option("--wandb-project", help="wandb project name.",
+                             rich_help_panel=_O)] = "paratrain",
+    wandb_run: Annotated[str | None, typer.Option("--wandb-run", help="wandb run name.", rich_help_panel=_O)] = None,
 ) -> None:
     from paratrain.parallel.config import load_run_document
 
@@ -165,7 +253,14 @@ def train(
                        timeout_s=timeout, log_every=log_every, progress=progress, task=task,
                        loader_workers=loader_workers, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                       checkpoint_overhead=checkpoint_overhead)
+                       checkpoint_overhead=checkpoint_overhead, tokenizer=tokenizer, eval_data=eval_data,
+                       eval_every=eval_every, eval_batches=eval_batches, tensorboard=tensorboard, wandb=wandb,
+                       wandb_project=wandb_project, wandb_run=wandb_run, comm_log=comm_log, comm_table=comm_table,
+                       **_initial_weights(model, init))
+    if tcfg.init_from is not None:  # names and shapes from the safetensors headers, before any worker starts
+        from paratrain.runtime.models.hf import check_weights
+
+        check_weights(tcfg.init_from, spec)
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if nproc is not None and under_launcher:
         raise ConfigError("--nproc", "given inside a launched worker (RANK/WORLD_SIZE are set)",
@@ -173,9 +268,11 @@ def train(
     from paratrain.runtime.config import (
         check_checkpointing,
         check_compression,
+        check_eval,
         check_host_memory,
         check_model_layout,
         check_outputs,
+        check_sinks,
         check_task,
         check_world_size,
     )
@@ -193,7 +290,15 @@ def train(
     check_task(pcfg, tcfg)
     check_compression(pcfg, tcfg)
     check_checkpointing(pcfg, tcfg)
+    tcfg = _with_optimizer(tcfg, spec, pcfg, optimizer, kfac_damping, kfac_refresh, fill_bubbles, fill_cluster)
+    check_eval(pcfg, tcfg)
+    check_sinks(tcfg)
     check_outputs(tcfg)
+    if tcfg.task == "gpt" and (tokenizer is not None or _token_cache_named(data, eval_data)):
+        # tokenize once here, before the workers start (they find the cache made); vocabulary checks
+        from paratrain.runtime.data.tokenized import resolve_run_data
+
+        resolve_run_data(spec, data, eval_data, tokenizer)
     if launching:
         from paratrain.runtime.launch import Interrupted, LaunchError, launch
 

@@ -15,10 +15,14 @@ from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec
 
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
-           "check_model_layout", "check_task", "check_compression", "check_checkpointing"]
+           "check_model_layout", "check_task", "check_compression", "check_checkpointing", "check_eval",
+           "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
+INITS = ("random", "pretrained")  # pretrained: a HF model directory's weights (runtime/models/hf.py)
+OPTIMIZERS = ("adamw", "kfac", "sgd")  # kfac: runtime/kfac.py (K-FAC preconditioning, SGD with momentum)
+DEFAULT_EVAL_BATCHES = 4  # global batches per evaluation when --eval-batches is not given
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,42 @@ class TrainConfig:
     keep: int = 2  # the newest and one to fall back on when the newest fails verification
     resume: bool = False
     checkpoint_overhead: float = 0.035  # auto's bound on checkpointing's share of step time (issue 13)
+    # optimizer (runtime/kfac.py for kfac): damping λ of each Kronecker factor, steps per curvature
+    # cycle; kfac_filled: the bubble-filled schedule (schedule.filled.FilledSchedule as JSON text,
+    # from `train --fill-bubbles`), step t runs its iteration t % kfac_refresh
+    optimizer: str = "adamw"
+    kfac_damping: float = 1e-3  # kfac-pytorch's default
+    kfac_refresh: int = 1
+    kfac_filled: str | None = None
+    # tokenized text (runtime/data/tokenized.py): a tokenizer.json directory; --data is then a token
+    # cache or text files tokenized into one
+    tokenizer: str | None = None
+    # evaluation (runtime/eval.py): data, every N steps (None: after the last step only), K batches
+    eval_data: str | None = None
+    eval_every: int | None = None
+    eval_batches: int | None = None  # None: DEFAULT_EVAL_BATCHES
+    # logging sinks (runtime/sinks.py), rank 0 only
+    tensorboard: str | None = None
+    wandb: bool = False
+    wandb_project: str = "paratrain"
+    wandb_run: str | None = None
+    # initial weights: random (from the seed) or pretrained (the HF model directory init_from,
+    # loaded by runtime/models/hf.py into the full model before cutting and sharding)
+    init: str = "random"
+    init_from: str | None = None
+    # communication layer (runtime/comm): every call's row to this JSON-lines file; a tuning table
+    # (paratrain comm tune) choosing the backend per (op, size, group size)
+    comm_log: str | None = None
+    comm_table: str | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError("--steps", f"must be at least 1, got {self.steps}", "use --steps 1 or more")
+        if self.init not in INITS:
+            raise ConfigError("--init", f"unknown value {self.init!r}", f"use one of: {', '.join(INITS)}")
+        if self.init == "pretrained" and self.init_from is None:
+            raise ConfigError("--init", "pretrained needs a HF model directory as --model",
+                              "give --model DIR (config.json + *.safetensors) or use --init random")
         if self.dp_impl not in DP_IMPLS:
             raise ConfigError("--dp-impl", f"unknown value {self.dp_impl!r}", f"use one of: {', '.join(DP_IMPLS)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -97,6 +133,45 @@ class TrainConfig:
             raise ConfigError("--loader-workers", f"must be at least 0, got {self.loader_workers}",
                               "use e.g. --loader-workers 2 (0: load in the training process)")
         self._check_checkpointing()
+        self._check_optimizer()
+        self._check_eval()
+
+    def _check_eval(self) -> None:
+        for flag, value in (("--eval-every", self.eval_every), ("--eval-batches", self.eval_batches)):
+            if value is None:
+                continue
+            if self.eval_data is None:
+                raise ConfigError(flag, "needs --eval-data (the text to evaluate on)",
+                                  "add --eval-data FILE_OR_CACHE, or drop " + flag)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(flag, f"must be an integer of at least 1, got {value!r}", f"use e.g. {flag} 10")
+        if self.eval_data is not None and not os.path.exists(self.eval_data):
+            raise ConfigError("--eval-data", f"{self.eval_data!r} does not exist", "give a text file, directory or "
+                              "token cache (paratrain data prepare)")
+        if self.tokenizer is not None and self.data in ("stdlib", "synthetic"):
+            raise ConfigError("--tokenizer", f"tokenizes text files, not --data {self.data}",
+                              "give --data FILES or a token cache with --tokenizer")
+
+    @property
+    def num_eval_batches(self) -> int:
+        return self.eval_batches if self.eval_batches is not None else DEFAULT_EVAL_BATCHES
+
+    def _check_optimizer(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError("--optimizer", f"unknown value {self.optimizer!r}",
+                              f"use one of: {', '.join(OPTIMIZERS)}")
+        if not (math.isfinite(self.kfac_damping) and self.kfac_damping > 0):
+            raise ConfigError("--kfac-damping", f"must be a positive finite number, got {self.kfac_damping}",
+                              "use e.g. --kfac-damping 1e-3")
+        if isinstance(self.kfac_refresh, bool) or not isinstance(self.kfac_refresh, int) or self.kfac_refresh < 1:
+            raise ConfigError("--kfac-refresh", f"must be an integer of at least 1, got {self.kfac_refresh!r}",
+                              "use e.g. --kfac-refresh 10 (curvature and inverses every 10 steps)")
+        if self.optimizer == "sgd" and self.checkpoint_dir is not None:
+            raise ConfigError("--optimizer", "SGD's momentum is not in checkpoints (they hold AdamW's moments)",
+                              "drop --checkpoint-dir with --optimizer sgd")
+        if self.optimizer != "kfac" and (self.kfac_filled is not None or self.kfac_refresh != 1):
+            raise ConfigError("--optimizer", f"K-FAC options were given with --optimizer {self.optimizer}",
+                              "add --optimizer kfac, or drop --kfac-refresh/--fill-bubbles")
 
     def _check_checkpointing(self) -> None:
         from paratrain.runtime.checkpoint.frequency import parse_every
@@ -120,6 +195,32 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def check_eval(config: ParallelConfig, train: TrainConfig) -> None:
+    """Evaluation (runtime/eval.py) runs at step boundaries of the language-model task."""
+    if train.eval_data is None:
+        return
+    if train.task != "gpt":
+        raise ConfigError("--eval-data", f"evaluation covers --task gpt, not --task {train.task}",
+                          "drop --eval-data with --task image")
+    if config.pp > 1 and config.schedule.is_async:
+        raise ConfigError("--eval-data", f"{config.schedule.value} runs its steps as asynchronous action lists "
+                          "without a step boundary to evaluate at",
+                          "use a synchronous --schedule (gpipe, 1f1b, interleaved, ...) with --eval-data")
+
+
+def check_sinks(train: TrainConfig) -> None:
+    """The logging sinks' packages are installed and their directory can be written."""
+    import importlib.util
+
+    if train.tensorboard is not None:
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("--tensorboard", "needs the tensorboard package",
+                              "pip install tensorboard (or pip install 'paratrain[tensorboard]')")
+        check_output_path(os.path.join(train.tensorboard, "events"), "--tensorboard")
+    if train.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--wandb", "needs the wandb package", "pip install wandb (or pip install 'paratrain[wandb]')")
+
+
 def check_task(config: ParallelConfig, train: TrainConfig) -> None:
     """The image task runs data parallelism only, on a directory of images."""
     if train.task != "image":
@@ -130,6 +231,38 @@ def check_task(config: ParallelConfig, train: TrainConfig) -> None:
     if train.data in ("stdlib", "synthetic") or not os.path.isdir(train.data):
         raise ConfigError("--data", f"--task image reads a directory of images, got {train.data!r}",
                           "write one with `paratrain data generate --items 512 --out DIR`, then --data DIR")
+
+
+def check_kfac(config: ParallelConfig, train: TrainConfig) -> None:
+    """The layouts K-FAC runs with (runtime/kfac.py): whole nn.Linear layers on each rank (no tensor
+    parallelism or FSDP shards), synchronous steps, the language-model task."""
+    if train.optimizer == "sgd" and config.pp > 1 and config.schedule.is_async:
+        raise ConfigError("--optimizer sgd", f"{config.schedule.value} re-ties the shared embedding's AdamW "
+                          "moments at each drain", "use --optimizer adamw, or a synchronous --schedule")
+    if train.optimizer != "kfac":
+        return
+    where = "--optimizer kfac"
+    if config.tp > 1:
+        raise ConfigError(where, f"preconditions whole linear layers; tensor parallelism (tp={config.tp}) shards "
+                          "them", "use --tp 1 with --optimizer kfac (scale with --dp and --pp)")
+    if train.dp_impl == "fsdp" or config.optimizer_sharding:
+        raise ConfigError(where, "preconditions whole linear layers; FSDP2 shards them",
+                          "use --dp-impl paratrain (or ddp) with --optimizer kfac")
+    if config.pp > 1 and config.schedule.is_async:
+        raise ConfigError(where, f"takes curvature at step boundaries; {config.schedule.value} updates stages "
+                          "asynchronously", "use a synchronous --schedule (gpipe, 1f1b, interleaved, chimera, ...)")
+    if config.compression != "none":
+        raise ConfigError(where, f"is not combined with gradient compression ({config.compression})",
+                          "use --compress none with --optimizer kfac")
+    if train.task != "gpt":
+        raise ConfigError(where, f"preconditions the language models' linear layers, not --task {train.task}",
+                          "use --task gpt with --optimizer kfac")
+    if train.checkpoint_dir is not None:
+        raise ConfigError(where, "K-FAC's factors and momentum are not in checkpoints yet",
+                          "drop --checkpoint-dir with --optimizer kfac")
+    if train.kfac_filled is not None and config.pp < 2:
+        raise ConfigError("--fill-bubbles", f"fills pipeline bubbles and needs --pp > 1, got pp={config.pp}",
+                          "add --pp 2 (or more), or drop --fill-bubbles")
 
 
 def check_compression(config: ParallelConfig, train: TrainConfig) -> None:
@@ -156,6 +289,12 @@ def check_outputs(train: TrainConfig) -> None:
         check_output_path(train.metrics.replace("{rank}", "0"), "--metrics")
     if train.trace is not None:
         check_output_path(train.trace, "--trace")
+    if train.comm_log is not None:
+        check_output_path(train.comm_log, "--comm-log")
+    if train.comm_table is not None:  # a malformed table or an unknown backend stops the run here
+        from paratrain.runtime.comm.table import load_table
+
+        load_table(train.comm_table)
     if train.save_final is not None:
         check_output_path(train.save_final, "--save-final")
     if train.checkpoint_dir is not None:
@@ -168,15 +307,11 @@ def check_outputs(train: TrainConfig) -> None:
 
 
 def check_checkpointing(config: ParallelConfig, train: TrainConfig) -> None:
-    """Asynchronous pipelines (PipeDream, 2BW) run every step as one action list: no step boundary
-    to checkpoint at. The image task's trainer is not covered yet."""
+    """The image task's trainer is not covered yet. (Asynchronous pipelines, PipeDream and 2BW,
+    drain at each checkpoint step: runtime/pipeline.py.)"""
     if train.checkpoint_dir is not None and train.task != "gpt":
         raise ConfigError("--checkpoint-dir", f"checkpointing covers --task gpt, not --task {train.task}",
                           "drop --checkpoint-dir with --task image")
-    if train.checkpoint_dir is not None and config.pp > 1 and config.schedule.is_async:
-        raise ConfigError("--checkpoint-dir", f"{config.schedule.value} runs all steps as one asynchronous action "
-                          "list, with no step boundary to checkpoint at", "use a synchronous --schedule (gpipe, "
-                          "1f1b, interleaved, ...) with --checkpoint-dir")
 
 
 def _available_memory_bytes() -> int:

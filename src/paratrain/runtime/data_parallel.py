@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .comm import layer as comm
+
 if TYPE_CHECKING:
     from .mesh import RuntimeContext
 
@@ -131,7 +133,7 @@ class BucketedAllReduce:
         flat.div_(self.world)  # pre-divide like DDP's default allreduce hook
         bucket.buffer = flat
         bucket.launch_s = time.perf_counter()
-        bucket.work = dist.all_reduce(flat, group=self.group, async_op=True)
+        bucket.work = comm.all_reduce(flat, self.group, async_op=True, axis="dp", purpose="grad_bucket")
 
     def finish(self) -> None:
         # Buckets whose hooks never all fired (parameters without gradients) go out now, in order.

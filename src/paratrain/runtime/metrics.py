@@ -23,7 +23,19 @@ from paratrain.fileio import check_output_path
 from paratrain.spec.model import ModelSpec
 from paratrain.trace import TraceEvent, category_of
 
-__all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter"]
+__all__ = ["Tracer", "step_mfu", "peak_flops_per_device", "MetricsWriter", "max_memory_bytes"]
+
+
+def max_memory_bytes(device: torch.device) -> int:
+    """Peak memory so far: the CUDA caching allocator's peak on a GPU, the process's peak resident
+    set (ru_maxrss: KiB on Linux, bytes on macOS) on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def step_mfu(spec: ModelSpec, global_batch: int, step_s: float, peak_flops: float, devices: int) -> float:
@@ -96,8 +108,9 @@ class MetricsWriter:
     """One JSON object per line and step, flushed at once (a live stream, so not written atomically;
     the path is checked before the run starts). A path containing ``{rank}`` gets one file per rank."""
 
-    def __init__(self, path: str | None, rank: int) -> None:
+    def __init__(self, path: str | None, rank: int, sinks: list[Any] | None = None) -> None:
         self._file: IO[str] | None = None
+        self.sinks = list(sinks or [])  # TensorBoard, wandb (runtime/sinks.py): each gets every row too
         if path is not None and ("{rank}" in path or rank == 0):
             target = check_output_path(path.replace("{rank}", str(rank)), "--metrics", make_parents=True)
             self._file = open(target, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
@@ -105,8 +118,13 @@ class MetricsWriter:
     def write(self, row: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.write(row)
 
     def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
         if self._file is not None:
             self._file.close()
             self._file = None

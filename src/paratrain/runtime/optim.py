@@ -11,15 +11,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from .comm import layer as comm
 from .config import TrainConfig
 from .data_parallel import local_tensor
 from .mesh import RuntimeContext
 
-__all__ = ["lr_at", "counts_here", "grad_norm_sq", "global_grad_norm", "clip_grads_", "Optimizer"]
+__all__ = ["lr_at", "counts_here", "grad_norm_sq", "global_grad_norm", "clip_grads_", "Optimizer", "SGD_MOMENTUM"]
+
+SGD_MOMENTUM = 0.9  # --optimizer sgd (the Ok-Topk and DGC papers' runs)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -63,7 +65,7 @@ def global_grad_norm(params: list[nn.Parameter], ctx: RuntimeContext) -> torch.T
     """L2 norm of all gradients of the whole model, identical on every rank (one all-reduce)."""
     sq = grad_norm_sq(list(params), ctx)
     if ctx.world_size > 1:
-        dist.all_reduce(sq)
+        comm.all_reduce(sq, axis="none", purpose="grad_norm")
     return sq.sqrt()
 
 
@@ -78,7 +80,8 @@ def clip_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float)
 
 
 class Optimizer:
-    """AdamW over this rank's parameters with the run's learning-rate schedule and clipping.
+    """AdamW (``--optimizer sgd``: SGD with momentum) over this rank's parameters with the run's
+    learning-rate schedule and clipping.
 
     No weight decay on biases and norm scales (nanoGPT); ``foreach=False`` keeps the per-tensor
     kernels, whose results do not depend on how parameters are grouped across ranks.
@@ -88,15 +91,21 @@ class Optimizer:
         self.params, self.train = params, train
         decay = [p for p in params if p.dim() >= 2]
         rest = [p for p in params if p.dim() < 2]
-        self.adamw = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-            lr=train.lr, betas=train.betas, eps=1e-8, foreach=False,
-        )
+        groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        self.inner: torch.optim.Optimizer
+        if train.optimizer == "sgd":
+            # --optimizer sgd: SGD with momentum, the optimizer sparse all-reduce is analysed and
+            # trained with (Ok-Topk, Li & Hoefler 2022); decay decoupled as in AdamW (self.step)
+            self.decay, self.lr = decay, train.lr
+            self.inner = torch.optim.SGD(params, lr=train.lr, momentum=SGD_MOMENTUM, foreach=False)
+        else:
+            self.adamw = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, eps=1e-8, foreach=False)
+            self.inner = self.adamw
 
     def set_step(self, step: int) -> float:
         """Set the learning rate of ``step`` (0-based); returns it."""
-        lr = lr_at(step, self.train)
-        for group in self.adamw.param_groups:
+        lr = self.lr = lr_at(step, self.train)
+        for group in self.inner.param_groups:
             group["lr"] = lr
         return lr
 
@@ -106,6 +115,10 @@ class Optimizer:
         return clip_grads_(self.params, norm, self.train.grad_clip)
 
     def step(self) -> None:
-        """AdamW on the (reduced, clipped) gradients, then drop them."""
-        self.adamw.step()
-        self.adamw.zero_grad(set_to_none=True)
+        """AdamW (or SGD) on the (reduced, clipped) gradients, then drop them."""
+        if self.train.optimizer == "sgd" and self.train.weight_decay:
+            with torch.no_grad():
+                for p in self.decay:
+                    p.mul_(1 - self.lr * self.train.weight_decay)
+        self.inner.step()
+        self.inner.zero_grad(set_to_none=True)

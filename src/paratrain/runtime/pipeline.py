@@ -7,7 +7,9 @@ pipeline rank (:func:`cut_model`; a second model copy for the chunks of replica 
 pipeline), creates the process groups (:func:`make_groups`), applies tensor parallelism to each
 chunk (DTensor) and hands all of it to :class:`PipelineExecutor`, which runs the rank's action
 list with :class:`~paratrain.runtime.pipeline_engine.PipelineEngine` and returns the local loss.
-Data parallelism is the schedule's ``R`` actions.
+Data parallelism is the schedule's ``R`` actions. With K-FAC in the bubbles
+(``train --fill-bubbles``) each step runs its iteration of the filled schedule, whose ``X:kfac.*``
+fillers call the pieces of :mod:`paratrain.runtime.kfac` (:meth:`PipelineExecutor.use_kfac`).
 
 Mesh: global rank = ``ParallelConfig.rank_of(pp, dp, tp)``. Activations travel between the ranks
 with the same (dp, tp) coordinates on neighbouring pipeline ranks (each tensor-parallel rank
@@ -26,6 +28,11 @@ each stage clips by its own norm (over its tensor/data-parallel ranks).
 
 Asynchronous schedules are generated over all ``--steps`` batches and run as one action list: the
 pipeline never flushes between steps, as in the papers. The per-step results are reported afterwards.
+With :attr:`PipelineExecutor.drain_at` set (checkpointing does, at its checkpoint steps) the run is
+cut into segments, each one action list generated over its own steps: at a segment's end every
+micro-batch in flight has finished and been applied, no stashed version is left, and the next
+segment starts from one weight state (its first batch computes on the current weights, where an
+undrained 2BW run would use the version before). A drain costs one pipeline fill and drain.
 
 Trace: ``pid`` = pipeline rank (the ranks at data- and tensor-parallel coordinate 0 report),
 compute actions on thread 0, p2p batches and reductions on thread 1, each event's ``args.step``
@@ -56,6 +63,7 @@ from paratrain.spec.model import ModelSpec
 from paratrain.trace import COMM_CATEGORIES, TraceEvent
 
 from . import faults
+from .comm import layer as comm
 from .config import TrainConfig
 from .data import Batch
 from .data_parallel import local_tensor
@@ -98,7 +106,8 @@ def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.P
     """
     digest = hashlib.sha256((schedule.to_text() + repr(schedule.placement)).encode()).hexdigest()[:16]
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, (digest, schedule.name, schedule.stages, schedule.microbatches), group=group)
+    comm.all_gather_object(everyone, (digest, schedule.name, schedule.stages, schedule.microbatches), group,
+                           purpose="schedule_check")
     odd = [r for r, d in enumerate(everyone) if d[0] != everyone[0][0]]
     if odd:
         first = everyone[odd[0]]
@@ -218,15 +227,24 @@ class PipelineExecutor:
         # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
         dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
         cfg = self.config
-        self.engine = PipelineEngine(
-            schedule, self.pp_rank, self.chunks, self,
-            activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype, device=ctx.device,
-            peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
-            loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
-            record=train.trace is not None,
-            # gloo progresses each message on its own; NCCL's p2p run in order on one stream
-            prefetch_receives=(2 if ctx.backend == "gloo" else 0) if train.prefetch_receives is None
-            else train.prefetch_receives)
+        # K-FAC (runtime/kfac.py): capture keyed by micro-batch, filler pieces (see use_kfac)
+        self.kfac: Any = None
+        self.fillers: dict[str, Callable[[], None]] = {}
+        self._iteration_engines: list[PipelineEngine] = []
+
+        def new_engine(sched: Schedule) -> PipelineEngine:
+            return PipelineEngine(
+                sched, self.pp_rank, self.chunks, self,
+                activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype,
+                device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
+                loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
+                record=train.trace is not None, fillers=self.fillers, before=self._before_action,
+                # gloo progresses each message on its own; NCCL's p2p run in order on one stream
+                prefetch_receives=(2 if ctx.backend == "gloo" else 0) if train.prefetch_receives is None
+                else train.prefetch_receives)
+
+        self._new_engine = new_engine
+        self.engine = new_engine(schedule)
         self.accumulation = accumulation_count(schedule)
         self._pending: list[tuple[LocalChunk, torch.Tensor, Any, float]] = []
         self._step_spans: list[tuple[int, ActionSpan]] = []
@@ -234,7 +252,13 @@ class PipelineExecutor:
         self._u_per_step = max(1, n_u // schedule.iterations)
         self._current_step = 0
         self._norm_of_step: dict[int, float] = {}
-        self._async_out: list[StepOutput] = []
+        self._async_out: dict[int, StepOutput] = {}
+        # asynchronous schedules: the step after which the pipeline drains (every micro-batch in
+        # flight finishes, the weight versions collapse to one), asked at the start of each segment;
+        # None (the default): one segment, the whole run. Checkpointing drains at its checkpoint steps.
+        self.drain_at: Callable[[int], int | None] | None = None
+        self._segment = (0, train.steps)  # (first step, steps) of the segment running
+        self._engines = {schedule.iterations: self.engine}  # by segment length
         # gradient compression (--compress): one reducer (its residual) per local chunk copy, and
         # this step's statistics for the metrics row
         self._reducers: dict[tuple[int, int], Any] = {}
@@ -244,13 +268,16 @@ class PipelineExecutor:
     # ----- one step --------------------------------------------------------------------------------
     def run(self, step: int) -> StepOutput:
         """Forward, backward, reductions and optimizer steps of ``step``; the local mean loss where
-        the last chunk lives. Asynchronous schedules run every step at step 0."""
+        the last chunk lives. Asynchronous schedules run a whole segment of steps (the whole run,
+        or up to :attr:`drain_at`) at its first step."""
         faults.maybe_inject_fault(self.ctx.rank, step)
         if self.is_async:
-            if step == 0:
-                self._run_async()
-            return self._async_out[step]
+            if step not in self._async_out:
+                self._run_async(step)
+            return self._async_out.pop(step)
         self._current_step = step
+        if self._iteration_engines:  # bubble-filled K-FAC: this step's iteration of the cycle
+            self.engine = self._iteration_engines[step % len(self._iteration_engines)]
         self.compression_stats = []
         batch = self.batch_of(step)
         mark = len(self.engine.spans)
@@ -264,25 +291,84 @@ class PipelineExecutor:
             local = torch.tensor(sum(self.engine.losses.values()) / self.accumulation, dtype=torch.float64)
         return StepOutput(local, self._norm_of_step.get(step, float("nan")))
 
-    def _run_async(self) -> None:
+    def _run_async(self, first: int) -> None:
+        """Steps ``first`` to the next drain as one action list: the schedule generated over those
+        steps fills the pipeline at ``first`` and drains it at the end, where every stashed
+        version has had its last use and the weights are one state again (the run's own
+        schedule when the segment is the whole run)."""
+        end = self.train.steps
+        if self.drain_at is not None:
+            end = min(end, max(first + 1, self.drain_at(first) or end))
+        n = end - first
+        if n != self.engine.schedule.iterations:
+            if n not in self._engines:  # segments mostly share one length: generate each length once
+                self._engines[n] = self._new_engine(schedule_for(self.config, n))
+            self.engine = self._engines[n]
+        self.engine.steps_done = 0  # the schedule numbers weight versions from the segment's start
+        self._segment = (first, n)
         m = self.schedule.microbatches
         cache: dict[int, Batch] = {}
 
         def microbatch(mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-            k = mb // m
+            k = first + mb // m
             if k not in cache:
                 cache[k] = self.batch_of(k)
             return cache[k].microbatch(mb % m)
 
         start = time.perf_counter()
         self.engine.run(microbatch, phase=lambda s: setattr(self.phase, "name", f"asynchronous pipeline {s}"))
-        per_step_s = (time.perf_counter() - start) / self.train.steps
-        self._step_spans.extend((0, sp) for sp in self.engine.spans)
-        for k in range(self.train.steps):
-            mine = [v for mb, v in self.engine.losses.items() if mb // m == k]
+        if self.drain_at is not None:
+            self._collapse_tied()
+        per_step_s = (time.perf_counter() - start) / n
+        self._step_spans.extend((first, sp) for sp in self.engine.spans)
+        self.engine.spans.clear()
+        for k in range(first, end):
+            mine = [v for mb, v in self.engine.losses.items() if first + mb // m == k]
             local = torch.tensor(sum(mine) / m, dtype=torch.float64) if mine else None
             # this rank's stage norm at the step's last update (stages clip separately)
-            self._async_out.append(StepOutput(local, self._norm_of_step.get(k, float("nan")), per_step_s))
+            self._async_out[k] = StepOutput(local, self._norm_of_step.get(k, float("nan")), per_step_s)
+        self.engine.losses.clear()
+
+    def _collapse_tied(self) -> None:
+        """At a drain, make the copies of a parameter that two pipeline ranks share (the tied
+        embedding and output projection) one state again: the first stage's weights and AdamW
+        moments, sent to the other holders. Stages clip by their own norms in an asynchronous run,
+        so the copies drift apart; one state is what a checkpoint, saved by full-model name, holds."""
+        if not self.groups.tie:
+            return
+        adamw = self.optimizer.adamw
+        copies = self._copies()
+        with torch.no_grad():
+            for name, group in sorted(self.groups.tie.items()):
+                if group is None:
+                    continue
+                src = self.config.rank_of(pp=self.layout.tie_owner[name], dp=self.dp_rank, tp=self.tp_rank)
+                first = next(p for rep, p in copies[name] if rep == 0)
+                st = adamw.state.get(first, {})
+                for t in [first, *(st[k] for k in ("exp_avg", "exp_avg_sq") if k in st)]:
+                    comm.broadcast(local_tensor(t), src, group, axis="pp", purpose="tie_drain")
+
+    # ----- K-FAC ------------------------------------------------------------------------------------
+    def use_kfac(self, kfac: Any, iterations: list[Schedule]) -> None:
+        """Key K-FAC's capture by micro-batch and, given a bubble-filled schedule (one action list
+        per iteration of a K-FAC cycle: the run's schedule plus ``X:kfac.*`` fillers), run step
+        ``t`` as iteration ``t % len(iterations)`` with the fillers calling ``kfac``'s pieces."""
+        self.kfac = kfac
+        if not iterations:
+            return
+        base = self.schedule.actions[self.pp_rank]
+        for i, sched in enumerate(iterations):
+            mine = tuple(a for a in sched.actions[self.pp_rank] if a.kind is not K.FILLER)
+            if mine != base or sched.placement != self.schedule.placement:
+                raise ConfigError(f"filled schedule iteration {i}", f"rank {self.pp_rank}'s actions differ from the "
+                                  f"run's {self.schedule.name} schedule beyond its filler actions",
+                                  "fill the run's own schedule (same --schedule, --pp and batch flags)")
+        self.fillers = kfac.fillers()
+        self._iteration_engines = [self._new_engine(s) for s in iterations]
+
+    def _before_action(self, a: Any) -> None:
+        if self.kfac is not None and a.kind is K.FORWARD:
+            self.kfac.key = a.microbatch
 
     # ----- StepHooks: R and U --------------------------------------------------------------------
     def reduce(self, chunk: LocalChunk) -> None:
@@ -298,7 +384,9 @@ class PipelineExecutor:
                 p.grad = torch.zeros_like(p)
             grads.append(local_tensor(p.grad).reshape(-1))
         flat = torch.cat(grads)
-        self._pending.append((chunk, flat, dist.all_reduce(flat, group=group, async_op=True), time.perf_counter()))
+        start = time.perf_counter()
+        work = comm.all_reduce(flat, group, async_op=True, axis="dp", purpose="grad_reduce")
+        self._pending.append((chunk, flat, work, start))
 
     def _compressed_reduce(self, chunk: LocalChunk, group: dist.ProcessGroup) -> None:
         """``R`` with compression: the chunk's whole gradient as one flat view, reduced at once
@@ -361,7 +449,7 @@ class PipelineExecutor:
             if first.grad is None:
                 first.grad = torch.zeros_like(first)
             total = local_tensor(first.grad).clone()
-            dist.all_reduce(total, group=group)
+            comm.all_reduce(total, group, axis="pp", purpose="tied_grad")
             for _, p in mine:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -384,7 +472,11 @@ class PipelineExecutor:
         record = self.engine.record
         spans = self.engine.spans
         start = time.perf_counter()
-        step = min(index // self._u_per_step, self.train.steps - 1) if self.is_async else self._current_step
+        if self.is_async:  # ``index``: the optimizer steps of this segment before this one
+            first, n = self._segment
+            step = first + min(index // self._u_per_step, n - 1)
+        else:
+            step = self._current_step
         self.optimizer.set_step(step)
         sq = self._grad_norm_sq()
         if record:  # the local pass over the gradients: optimizer work, before the wait
@@ -392,9 +484,9 @@ class PipelineExecutor:
         start = time.perf_counter()
         if self.is_async:
             if self.groups.stage is not None:
-                dist.all_reduce(sq, group=self.groups.stage)
+                comm.all_reduce(sq, self.groups.stage, axis="none", purpose="grad_norm")
         elif self.ctx.world_size > 1:
-            dist.all_reduce(sq)
+            comm.all_reduce(sq, axis="none", purpose="grad_norm")
         if record:  # mostly waiting for the last rank to finish its backward work
             spans.append(ActionSpan("allreduce(grad norm)", "reduce", start, time.perf_counter(), None))
         start = time.perf_counter()
@@ -414,7 +506,8 @@ class PipelineExecutor:
             full = p.full_tensor() if isinstance(p, DTensor) else p
             mine[name] = full.detach().cpu().clone()
         gathered: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(gathered, mine if (self.dp_rank, self.tp_rank) == (0, 0) else {})
+        comm.all_gather_object(gathered, mine if (self.dp_rank, self.tp_rank) == (0, 0) else {},
+                               purpose="final_params")
         out: dict[str, torch.Tensor] = {}
         for d in gathered:
             for k, v in d.items():

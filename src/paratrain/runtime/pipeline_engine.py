@@ -53,6 +53,8 @@ from paratrain.errors import ConfigError
 from paratrain.schedule.ir import Action, ActionKind, Schedule
 from paratrain.trace import CATEGORY_OF_KIND
 
+from .comm import layer as comm
+
 __all__ = ["LocalChunk", "StepHooks", "PipelineEngine", "ActionSpan", "accumulation_count"]
 
 K = ActionKind
@@ -128,6 +130,7 @@ class PipelineEngine:
                  loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  fillers: dict[str, Callable[[], None]] | None = None, record: bool = False,
+                 before: Callable[[Action], None] | None = None,
                  group: dist.ProcessGroup | None = None, prefetch_receives: int = 0) -> None:
         self.schedule, self.rank, self.hooks = schedule, rank, hooks
         self.actions = schedule.actions[rank]
@@ -140,6 +143,7 @@ class PipelineEngine:
         self.peer_rank, self.loss_fn = peer_rank, loss_fn
         self.loss_context, self.autocast = loss_context, autocast
         self.fillers = fillers or {}
+        self.before = before  # called with each compute/filler action before it runs (K-FAC's capture)
         for a in self.actions:
             if a.kind is K.FILLER and (a.tag or "") not in self.fillers:
                 raise ConfigError(f"schedule rank {rank} filler {a.tag!r}", "no runtime work is registered for it",
@@ -187,6 +191,8 @@ class PipelineEngine:
                 i = j
                 continue
             phase(f"action {a}")
+            if self.before is not None:
+                self.before(a)
             if a.kind is K.OPTIMIZER_STEP:
                 self.hooks.finish_reductions()  # waiting for reductions is not optimizer work
             start = time.perf_counter()
@@ -374,7 +380,8 @@ class PipelineEngine:
         order, k = self._recv_order[peer], self._next_recv[peer]
         while k < len(order) and self._outstanding[peer] < self.prefetch:
             buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            self._posted[order[k]] = (dist.irecv(buf, self.peer_rank(peer), group=self.group), buf)
+            what = "activation" if self.actions[order[k]].kind is K.RECV_ACT else "gradient"
+            self._posted[order[k]] = (comm.irecv(buf, self.peer_rank(peer), self.group, purpose=what), buf)
             self._outstanding[peer] += 1
             k += 1
         self._next_recv[peer] = k
@@ -390,22 +397,23 @@ class PipelineEngine:
                 t = self._to_send.pop((a.kind, a.microbatch, a.chunk, a.replica), None)
                 if t is None:
                     raise RuntimeError(f"pipeline rank {self.rank}: {a} sends a tensor that was not computed")
-                ops.append(dist.P2POp(dist.isend, t.contiguous(), peer, self.group))
+                what = "activation" if a.kind is K.SEND_ACT else "gradient"
+                ops.append(comm.P2P(True, t.contiguous(), peer, what))
             else:
                 store = self._inputs if a.kind is K.RECV_ACT else self._grads
                 posted = self._posted.pop(j, None)
                 if posted is None:  # not prefetched: it is the peer's next receive, posted now
                     self._next_recv[a.peer] += 1
                     buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-                    ops.append(dist.P2POp(dist.irecv, buf, peer, self.group))
+                    ops.append(comm.P2P(False, buf, peer, "activation" if a.kind is K.RECV_ACT else "gradient"))
                 else:
                     self._outstanding[a.peer] -= 1
                     waits.append(posted[0])
                     buf = posted[1]
                 landed.append((store, (a.microbatch, a.chunk, a.replica), buf))
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = comm.batch_isend_irecv(ops, self.group)
         for op, work in zip(ops, works, strict=True):
-            if op.op is dist.isend:
+            if op.send:
                 self._sends.append((work, op.tensor))
             else:
                 waits.append(work)

@@ -28,7 +28,14 @@ def _mfu(row: dict[str, Any]) -> str:
 
 def format_step(row: dict[str, Any], steps: int) -> str:
     return (f"step {row['step'] + 1}/{steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
-            f"grad_norm {row['grad_norm']:.3f} {_rate(row)} mfu {_mfu(row)}")
+            f"grad_norm {row['grad_norm']:.3f} {_rate(row)} mfu {_mfu(row)}{_eval(row)}")
+
+
+def _eval(row: dict[str, Any]) -> str:
+    # validation loss and perplexity on evaluation steps (runtime/eval.py)
+    if row.get("eval_loss") is None:
+        return ""
+    return f" eval_loss {row['eval_loss']:.4f} eval_ppl {row['eval_ppl']:.2f}"
 
 
 class StepConsole:
@@ -52,7 +59,7 @@ class StepConsole:
     def step(self, row: dict[str, Any]) -> None:
         self.progress.update(self._task, advance=1, loss=f"{row['loss']:.4f}", rate=_rate(row), mfu=_mfu(row))
         step = row["step"]
-        if step == self.steps - 1 or step % self.log_every == 0:
+        if step == self.steps - 1 or step % self.log_every == 0 or "eval_loss" in row:
             self.line(format_step(row, self.steps))
 
     def __enter__(self) -> StepConsole:

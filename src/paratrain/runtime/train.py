@@ -39,25 +39,34 @@ from paratrain.spec.model import ModelSpec
 from paratrain.trace import write_trace
 
 from . import faults
+from .comm import layer as comm
+from .comm.table import load_table
 from .compress.sync import compression_metrics
 from .config import (
     DP_IMPLS,
     TrainConfig,
     check_checkpointing,
     check_compression,
+    check_eval,
     check_host_memory,
+    check_kfac,
     check_outputs,
+    check_sinks,
     check_task,
 )
-from .data import Batch, DataSource, load_corpus
+from .data import Batch
+from .data.tokenized import run_data_sources
 from .data_parallel import wrap_data_parallel
+from .eval import Evaluator
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
+from .kfac import KfacOptimizer, load_filled, make_optimizer
 from .mesh import RuntimeContext, check_model_layout, init_runtime
-from .metrics import MetricsWriter, Tracer, peak_flops_per_device, step_mfu
+from .metrics import MetricsWriter, Tracer, max_memory_bytes, peak_flops_per_device, step_mfu
 from .models import build_model
-from .optim import Optimizer, global_grad_norm, lr_at
+from .optim import global_grad_norm, lr_at
 from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_groups, schedule_for, validate_pipeline
 from .progress import StepConsole
+from .sinks import open_sinks
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["TrainConfig", "Trainer", "StepExecutor", "StepOutput", "SingleStageExecutor", "lr_at",
@@ -84,10 +93,17 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
     check_compression(config, train)
+    check_kfac(config, train)
     check_checkpointing(config, train)
     check_host_memory(spec, procs_on_host)
     check_task(config, train)
+    check_eval(config, train)
+    check_sinks(train)
     check_outputs(train)
+    if train.comm_table is not None:  # every backend the table names runs here (NCCL: CUDA, MPI: built in)
+        from .comm.backends import check_table
+
+        check_table(load_table(train.comm_table), "cuda" if torch.cuda.is_available() else "cpu")
     # the schedule's own rules (e.g. Chimera's even stage count)
     return validate_pipeline(config, train) if config.pp > 1 else None
 
@@ -108,14 +124,25 @@ class Trainer:
         self.phase = phase if phase is not None else faults.Phase()
         origin = [time.time()]
         if ctx.world_size > 1:
-            dist.broadcast_object_list(origin, src=0)
+            comm.broadcast_object_list(origin, 0, purpose="clock_origin")  # before the log's clock exists
         self.tracer = Tracer(ctx.rank, origin[0], enabled=train.trace is not None)
+        # every call from here on goes through this run's layer: logged with the trace's clock and
+        # step (--comm-log), routed by the tuning table (--comm-table)
+        self.comm = comm.CommLayer(
+            rank=ctx.rank, clock=self.tracer, log=train.comm_log is not None,
+            table=load_table(train.comm_table) if train.comm_table is not None else None,
+            default_backend=ctx.backend, device_type=ctx.device.type, timeout_s=train.timeout_s)
+        comm.use(self.comm)
         if train.task == "image":  # the CNN on an image folder: its own data, model and executor
             from .data.image_task import setup_image_task
 
             setup_image_task(self)
             return
         model = build_model(spec, train.seed)
+        if train.init == "pretrained" and train.init_from is not None:
+            from .models.hf import load_weights  # into the full model: every layout cuts the same numbers
+
+            load_weights(model, train.init_from, spec)
         tp_mesh = ctx.submesh("tp")
         self.schedule: Schedule | None = None
         self.executor: StepExecutor
@@ -126,7 +153,8 @@ class Trainer:
                                          sequence_parallel=self.config.sequence_parallel)
             part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
                                                  recorder=self.tracer, compress_warmup=train.compress_warmup)
-            self.optimizer = Optimizer(_trainable([part]), train)
+            self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
+                                            [(0, 0, part, ctx.group("dp") if self.config.dp > 1 else None)])
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
                                                 phase=self.phase, autocast=self.autocast)
         else:
@@ -136,13 +164,24 @@ class Trainer:
             groups = make_groups(self.config, self.schedule, layout, ctx)
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=False)
                      for m in layout.modules]
-            self.optimizer = Optimizer(_trainable(parts), train)
+            filled = load_filled(train, ctx)  # --fill-bubbles: the schedule's iterations with K-FAC fillers
+            self.optimizer = make_optimizer(_trainable(parts), train, ctx, self.config.global_batch * spec.seq,
+                                            [(c, rep, m, groups.reduce.get(c))
+                                             for (c, rep), m in zip(layout.held, parts, strict=True)], filled)
             self.executor = PipelineExecutor(ctx, spec, train, self.schedule, layout, parts, groups, self.optimizer,
                                              self._batch, tracer=self.tracer, phase=self.phase,
                                              autocast=self.autocast)
+            if isinstance(self.optimizer, KfacOptimizer):
+                self.executor.use_kfac(self.optimizer.kfac, filled)
         self.params = self.optimizer.params
-        self.data = DataSource(load_corpus(train.data, train.data_cap_bytes), spec, seed=train.seed,
-                               global_batch=self.config.global_batch, microbatch=self.config.microbatch)
+        # the byte corpus, or tokenized text (runtime/data/tokenized.py); the eval data alike
+        self.data, eval_source = run_data_sources(
+            spec, train.data, train.eval_data, train.tokenizer, seed=train.seed, global_batch=self.config.global_batch,
+            microbatch=self.config.microbatch, cap_bytes=train.data_cap_bytes,
+            tokenize_first=ctx.local_rank == 0, barrier=dist.barrier if ctx.world_size > 1 else None)
+        self.evaluator = None if eval_source is None else Evaluator(
+            ctx, self.executor, eval_source, batches=train.num_eval_batches, every=train.eval_every,
+            steps=train.steps, autocast=self.autocast)
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
 
     def _batch(self, step: int) -> Batch:
@@ -171,6 +210,7 @@ class Trainer:
         with console:
             for step in range(first, self.train.steps):
                 row = self.train_step(step)
+                row.update(self.after_step_metrics(step))
                 if ckpt is not None:
                     row.update(ckpt.after_step(step, row))
                 rows.append(row)
@@ -207,6 +247,18 @@ class Trainer:
                 # gradient compression's volume, density, threshold and residual (none: no keys)
                 **compression_metrics(self.executor)}
 
+    def after_step_metrics(self, step: int) -> dict[str, Any]:
+        """The row's keys beyond the step itself: tokens trained on so far, peak memory, and on
+        evaluation steps ``eval_loss`` and ``eval_ppl`` (runtime/eval.py)."""
+        out: dict[str, Any] = {"max_memory_bytes": max_memory_bytes(self.ctx.device)}
+        if self.train.task != "image":
+            out["tokens"] = (step + 1) * self.config.global_batch * self.spec.seq
+        evaluator = getattr(self, "evaluator", None)  # the image task sets none
+        if evaluator is not None and evaluator.due(step):
+            self.phase.name = f"step {step} evaluation"
+            out.update(evaluator.evaluate())
+        return out
+
     def _global_loss(self, local: torch.Tensor | None) -> float:
         # Ranks computing the loss hold it replicated over tp: count it once (tp coordinate 0),
         # sum over the world (dp replicas; a pipeline's last stage) and average over dp.
@@ -214,7 +266,7 @@ class Trainer:
         if local is not None and self.ctx.tp_rank == 0:
             t += local
         if self.ctx.world_size > 1:
-            dist.all_reduce(t)
+            comm.all_reduce(t, axis="none", purpose="loss")
         return float(t) / self.config.dp
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -232,7 +284,7 @@ class Trainer:
             mine = self.executor.trace_events()
             gathered: list[Any] = [None] * self.ctx.world_size
             if self.ctx.world_size > 1:
-                dist.all_gather_object(gathered, mine)
+                comm.all_gather_object(gathered, mine, purpose="trace_gather")
             else:
                 gathered = [mine]
             if self.ctx.rank == 0:
@@ -241,6 +293,10 @@ class Trainer:
                             metadata=self.trace_metadata(),
                             title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp} "
                                   f"({self.train.dp_impl})")
+        if self.train.comm_log is not None:  # last: the calls above are in it
+            from .comm.log import write_comm_log
+
+            write_comm_log(self.train.comm_log, self.comm)
 
     def trace_metadata(self) -> dict[str, Any]:
         """What the trace measured: enough to simulate the same run (``paratrain calibrate --from-trace``,
@@ -289,13 +345,13 @@ def worker_main(spec: ModelSpec, config: ParallelConfig, train: TrainConfig) -> 
         torch.manual_seed(train.seed)
         phase.name = "set-up"
         trainer = Trainer(ctx, spec, train, schedule=schedule, phase=phase)
-        with MetricsWriter(train.metrics, ctx.rank) as writer:
+        with MetricsWriter(train.metrics, ctx.rank, sinks=open_sinks(train, ctx.rank)) as writer:
             rows = trainer.run(writer)
         phase.name = "final save"
         trainer.finish()
         phase.name = "shutdown"
         if ctx.world_size > 1:
-            dist.barrier()  # no rank tears its sockets down while a peer still talks to it
+            comm.barrier(purpose="shutdown")  # no rank tears its sockets down while a peer still talks to it
         dist.destroy_process_group()
         return rows
     raise AssertionError("unreachable: guard exits on failure")

@@ -13,7 +13,7 @@ Actions are numbered globally, rank after rank: action ``i`` of rank ``r`` is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paratrain.errors import ConfigError
 from paratrain.schedule.ir import ActionKind, Schedule
@@ -51,6 +51,9 @@ class Compiled:
     reduce_members: dict[int, tuple[int, ...]]
     step_members: dict[int, tuple[int, ...]]
     hosts: tuple[tuple[int, ...], ...]
+    # for a collective filler (ir.Action.is_collective_filler), the global indices of the same
+    # collective on every rank of its filler group (itself included), by ascending rank
+    collective_members: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -95,7 +98,41 @@ def compile_schedule(s: Schedule) -> Compiled:
         reduce_members=reduce_members,
         step_members=step_members,
         hosts=hosts,
+        collective_members=_match_collective_fillers(s, offsets),
     )
+
+
+def _match_collective_fillers(s: Schedule, offsets: list[int]) -> dict[int, tuple[int, ...]]:
+    """The k-th collective filler of every rank of a filler group run together: the group must
+    be the same seen from each member, and every member must issue the same tags in the same order."""
+    mine: dict[int, list[int]] = {}
+    for r, row in enumerate(s.actions):
+        idx = [i for i, a in enumerate(row) if a.is_collective_filler]
+        if idx:
+            mine[r] = idx
+    out: dict[int, tuple[int, ...]] = {}
+    for r, idx in mine.items():
+        group = s.filler_group(r)
+        for q in group:
+            if s.filler_group(q) != group:
+                _fail(s, r, idx[0], f"ranks {list(group)} share chunks with rank {r}, but rank {q} shares chunks "
+                      f"with {list(s.filler_group(q))}: no consistent group for a collective filler",
+                      "place chunk copies so that the ranks sharing chunks form disjoint groups")
+            tags_q = [s.actions[q][i].tag for i in mine.get(q, [])]
+            tags_r = [s.actions[r][i].tag for i in idx]
+            if tags_q != tags_r:
+                n_ = next((t for t, (x, y) in enumerate(zip(tags_r, tags_q, strict=False)) if x != y),
+                          min(len(tags_r), len(tags_q)))
+                _fail(s, r, idx[min(n_, len(idx) - 1)],
+                      f"collective filler #{n_ + 1} of the group shared with rank {q} does not match rank {q}'s "
+                      f"({tags_q} there, {tags_r} here)",
+                      "issue collective fillers with the same tags in the same order on every member")
+        if r == group[0]:
+            for k in range(len(idx)):
+                ms = tuple(offsets[q] + mine[q][k] for q in group)
+                for g in ms:
+                    out[g] = ms
+    return out
 
 
 def _scan(s: Schedule, hosts: tuple[tuple[int, ...], ...]) -> tuple[

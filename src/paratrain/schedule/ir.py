@@ -33,7 +33,12 @@ Actions (``kind`` letter in the text form)
   rank's weight version is one higher. PipeDream steps after every backward, 2BW and the
   synchronous schedules after the last backward of a batch.
 * ``X`` filler work named by ``tag`` (e.g. a K-FAC factor update placed in a bubble), with
-  ``duration_s`` for the simulator.
+  ``duration_s`` for the simulator. A filler whose tag's last dotted part is ``reduce`` (e.g.
+  ``kfac.reduce``) is a **group collective** over the rank's filler group: the ranks holding a
+  copy of any chunk the rank holds (the rank itself, plus the mirror rank under Chimera; the
+  data-parallel copies run the same list and are not in the IR). The k-th collective filler of
+  every member is one collective: it blocks until every member has reached it (as a p2p batch
+  does) and then takes ``duration_s`` on all of them.
 
 ``version`` (forward/backward actions of asynchronous schedules) is the weight version the action
 must use: the number of optimizer steps the rank had applied when that version was current. The
@@ -134,6 +139,11 @@ class Action:
     @property
     def is_send(self) -> bool:
         return self.kind in _SENDS
+
+    @property
+    def is_collective_filler(self) -> bool:
+        """A filler that is a collective over the rank's filler group (see the module docstring)."""
+        return self.kind is ActionKind.FILLER and (self.tag or "").rsplit(".", 1)[-1] == "reduce"
 
     def __str__(self) -> str:
         k = self.kind
@@ -248,6 +258,11 @@ class Schedule:
     def chunks_of(self, rank: int) -> list[tuple[int, int]]:
         """``(chunk, replica)`` pairs held by ``rank``, in pipeline order."""
         return [(c, rep) for rep, row in enumerate(self.placement) for c, r in enumerate(row) if r == rank]
+
+    def filler_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks a collective filler of ``rank`` runs over: every rank holding a copy of a
+        chunk ``rank`` holds (itself; under Chimera also the mirror rank), ascending."""
+        return tuple(sorted({row[c] for c, _ in self.chunks_of(rank) for row in self.placement} | {rank}))
 
     def count(self, kind: ActionKind) -> int:
         return sum(1 for row in self.actions for a in row if a.kind is kind)

@@ -158,7 +158,7 @@ def run_schedule(
 # compute (value: duration; extra: the batch a B/W of the batch's last micro-batch ends, else -1),
 # p2p batch (value: per operation (global index, partner's index, transfer time, is a send)),
 # gradient reduction (value: its duration), optimizer step (value: its duration).
-_COMPUTE, _P2P, _REDUCE, _STEP = range(4)
+_COMPUTE, _P2P, _REDUCE, _STEP, _COLL = range(5)  # _COLL: a collective filler (value: its duration)
 
 
 def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tuple]]:
@@ -200,6 +200,8 @@ def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tu
             elif kind == STEP_STEP:
                 v = action_s(r, i) if action_s is not None else None
                 out.append((_STEP, timing.optimizer_s[r] if v is None else v, o + i, 0))
+            elif o + i in comp.collective_members:  # a collective filler: waits for its whole group
+                out.append((_COLL, a.duration_s or 0.0, o + i, 0))
             else:  # filler work
                 out.append((_COMPUTE, a.duration_s or 0.0, o + i, -1))
         program.append(out)
@@ -293,6 +295,19 @@ class _Execution:
                     self.pending[r].append(g)
                     if self.overlap:
                         self._post(g, t)
+                elif kind == _COLL:
+                    if post[g] < 0:
+                        self._post(g, t)
+                    members = self.comp.collective_members[g]
+                    late = next((m for m in members if post[m] < 0), None)
+                    if late is not None:
+                        waiters.setdefault(late, []).append(r)
+                        break
+                    t = max(post[m] for m in members)  # starts when the last member arrives
+                    if record:
+                        self._record_compute(r, g, t, val)
+                    t += val
+                    bz += val
                 else:
                     ready = self._optimizer_step(r, g, t)
                     if ready is None:

@@ -12,7 +12,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError, parse_enum, require_at_most, require_bool, require_positive_int
+from paratrain.errors import (
+    ConfigError,
+    parse_enum,
+    require_at_most,
+    require_bool,
+    require_positive,
+    require_positive_int,
+)
 
 __all__ = [
     "Activation",
@@ -45,7 +52,8 @@ class Norm(str, Enum):
 
 
 class Activation(str, Enum):
-    GELU = "gelu"
+    GELU = "gelu"  # the tanh approximation (GPT-2's "gelu_new", Hendrycks & Gimpel 2016, sec. 2)
+    GELU_EXACT = "gelu_exact"  # x·Φ(x) with the erf (BERT's and HF's "gelu")
     RELU = "relu"
     SWIGLU = "swiglu"  # gated: three h×f matrices (Shazeer 2020)
 
@@ -116,6 +124,11 @@ class ModelSpec:
     bias: bool = True
     max_positions: int | None = None  # learned-position table size; defaults to seq
     dtype: str = "bf16"
+    # epsilon of every norm; None: 1e-5 for LayerNorm, 1e-6 for RMSNorm (HF config.json sets its own)
+    norm_eps: float | None = None
+    rope_theta: float = 10000.0  # rotary base (Su et al. 2021); Llama 3 uses 500,000
+    # token whose embedding row gets no gradient from the lookup (HF's padding_idx: BERT, Llama)
+    pad_token: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -132,6 +145,13 @@ class ModelSpec:
             raise ConfigError("name", f"must be a string, got {self.name!r}", "give the model a name")
         for f in ("tied_embeddings", "bias"):
             require_bool(f, getattr(self, f))
+        if self.norm_eps is not None:
+            require_positive("norm_eps", self.norm_eps)
+        require_positive("rope_theta", self.rope_theta)
+        if self.pad_token is not None and (isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int)
+                                           or not 0 <= self.pad_token < self.vocab):
+            raise ConfigError("pad_token", f"must be a token id below the vocabulary {self.vocab}, got "
+                              f"{self.pad_token!r}", "set pad_token_id in config.json to an id the model has")
         object.__setattr__(self, "arch", parse_enum(Arch, "arch", self.arch))
         object.__setattr__(self, "norm", parse_enum(Norm, "norm", self.norm))
         object.__setattr__(self, "activation", parse_enum(Activation, "activation", self.activation))
@@ -326,6 +346,9 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             max_positions=get("max_position_embeddings", default=512),
             ffn=get("intermediate_size", default=4 * hidden),
             arch=Arch.BERT,
+            activation=_hf_activation(cfg.get("hidden_act", "gelu")),
+            norm_eps=cfg.get("layer_norm_eps", 1e-12),
+            pad_token=_hf_pad(cfg.get("pad_token_id", 0), common["vocab"]),  # 0: BertConfig's default
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         )
     if mtype in ("gpt2", "gpt_neo", "openai-gpt"):
@@ -335,6 +358,8 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             seq=npos,
             max_positions=npos,
             ffn=cfg.get("n_inner") or None,
+            activation=_hf_activation(cfg.get("activation_function", "gelu_new")),
+            norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         )
     # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
@@ -345,11 +370,31 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
         ffn=get("intermediate_size"),
         seq=get("max_position_embeddings", default=4096),
         norm=Norm.RMSNORM if "rms_norm_eps" in cfg else Norm.LAYERNORM,
-        activation=Activation.SWIGLU if act in ("silu", "swish", "swiglu") else Activation.GELU,
+        activation=Activation.SWIGLU if act in ("silu", "swish", "swiglu") else _hf_activation(act),
         position=Position.ROTARY,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bias=bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False)),
+        norm_eps=cfg.get("rms_norm_eps", cfg.get("layer_norm_eps")),
+        pad_token=_hf_pad(cfg.get("pad_token_id"), common["vocab"]),
+        # transformers 5 nests the base in rope_parameters; earlier versions wrote rope_theta
+        rope_theta=cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0,
     )
+
+
+def _hf_pad(pad: Any, vocab: Any) -> int | None:
+    """``pad_token_id`` when it names a row of the embedding (some configs write -1 for none)."""
+    ok = isinstance(pad, int) and not isinstance(pad, bool) and isinstance(vocab, int) and 0 <= pad < vocab
+    return pad if ok else None
+
+
+def _hf_activation(name: Any) -> Activation:
+    """HF's activation names: "gelu" is the erf form, the tanh approximation has several names."""
+    key = str(name).lower()
+    if key == "gelu":
+        return Activation.GELU_EXACT
+    if key == "relu":
+        return Activation.RELU
+    return Activation.GELU  # gelu_new, gelu_pytorch_tanh, gelu_fast: the tanh approximation
 
 
 def preset(name: str, field: str = "--model") -> ModelSpec:
@@ -368,7 +413,12 @@ def resolve_model(name_or_path: str, field: str = "--model", **overrides: Any) -
     from paratrain.spec._files import load_document
 
     p = Path(name_or_path)
-    if p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.exists():
+    if p.is_dir() and (p / "config.json").is_file():  # a HF model directory: its config.json (weights: --init)
+        doc = load_document(p / "config.json", field)
+        spec = from_document(doc, field)
+        if not doc.get("_name_or_path"):
+            spec = spec.with_overrides(name=p.resolve().name)
+    elif p.suffix.lower() in (".json", ".yaml", ".yml", ".toml") or p.exists():
         spec = from_document(load_document(p, field), field)
     else:
         spec = preset(name_or_path, field)

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_bytes, check_output_path
+from paratrain.fileio import atomic_write_bytes, atomic_write_text, check_output_path
 
 from . import store
 
-__all__ = ["choose", "export_safetensors"]
+__all__ = ["choose", "export_safetensors", "export_hf"]
 
 
 def choose(root: str | os.PathLike[str], step: int | None, field: str = "DIR") -> store.CheckpointInfo:
@@ -46,3 +46,38 @@ def export_safetensors(info: store.CheckpointInfo, out: str | os.PathLike[str]) 
     data = save(tensors, metadata=meta)
     atomic_write_bytes(out, data, "--to")
     return Path(out), len(tensors), len(data)
+
+
+def export_hf(info: store.CheckpointInfo, out_dir: str | os.PathLike[str]) -> tuple[Path, int, int]:
+    """Write ``info``'s model as a Hugging Face directory (``config.json`` + ``model.safetensors``,
+    HF's names and layouts) that ``transformers``' ``from_pretrained`` loads; returns
+    (directory, tensors, bytes of the safetensors file)."""
+    import json
+
+    from safetensors.torch import save
+
+    from paratrain.runtime.models.hf import family_of, hf_config, hf_tensors
+    from paratrain.spec.model import from_document
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--hf", f"{str(out)!r} is a file", "give --hf a directory (created if missing)")
+    for name in ("config.json", "model.safetensors"):
+        check_output_path(out / name, "--hf")
+    m = info.manifest or {}
+    if not isinstance(m.get("model_spec"), dict):
+        raise ConfigError("DIR", f"{info.path.name} does not record its model", "export a checkpoint of a newer run")
+    spec = from_document(m["model_spec"], "DIR model_spec")
+    family_of(spec)  # before reading the weights
+    from .reshard import load_full_model
+
+    try:
+        params = load_full_model(info.path)
+    except OSError as e:
+        raise ConfigError("DIR", f"cannot read {info.path}: {e.strerror or e}",
+                          "export while no run prunes the directory, or choose another --step") from None
+    tensors = hf_tensors(params, spec)
+    data = save(tensors, metadata={"format": "pt"})  # the key transformers checks on loading
+    atomic_write_bytes(out / "model.safetensors", data, "--hf")
+    atomic_write_text(out / "config.json", json.dumps(hf_config(spec), indent=2) + "\n", "--hf")
+    return out, len(tensors), len(data)

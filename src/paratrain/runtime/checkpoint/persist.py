@@ -13,17 +13,22 @@ it takes references to the state (:func:`.state.capture`, cheap) and starts one 
 
 A new checkpoint first joins the previous thread: at most one checkpoint is in flight. How often
 (:mod:`.frequency`): every N steps; every N seconds (converted with the measured step time); or
-``auto``, CheckFreq's tuner: after :data:`~.frequency.PROFILE_STEPS` timed steps a first,
-synchronous checkpoint measures snapshot and persist time, then ``k`` is chosen and re-tuned at each
-checkpoint from the overhead measured over the last interval. Every rank decides the same ``k``
-from the maximum of the ranks' measurements (one small all-reduce per decision, at a checkpoint).
+``auto``, CheckFreq's tuner: after :data:`~.frequency.PROFILE_STEPS` timed steps a first
+checkpoint, overlapped like the others, measures what one costs (the training thread's time on it
+and the slowdown of the steps beside its write); ``k`` is chosen when it is complete on every rank
+and re-tuned at each checkpoint from the costs measured so far (:func:`.frequency.budget_interval`).
+Every rank decides the same ``k`` from the maximum of the ranks' measurements (small all-reduces
+on a gloo group of their own, at a checkpoint and while the first one is written).
+Asynchronous pipelines (PipeDream, 2BW) drain at each checkpoint step
+(:attr:`~paratrain.runtime.pipeline.PipelineExecutor.drain_at`); their first checkpoint is waited for.
 The end of the run always writes a checkpoint of the last step (synchronously).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -36,6 +41,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from paratrain.errors import ConfigError
 from paratrain.runtime import faults
+from paratrain.runtime.comm import layer as comm
 from paratrain.runtime.optim import lr_at
 
 from . import frequency, state, store
@@ -48,7 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Checkpointer"]
 
-MIN_INTERVAL_STEPS = 2  # an interval of one step is too noisy a measure of overhead to re-tune on
+WRITER_NICE = 10  # the persist phase's niceness: on a busy machine training keeps the cores first
+CLEAN_WINDOW = 64  # clean steps the baseline averages: recent enough to follow a drifting machine
 
 
 class Checkpointer:
@@ -67,6 +74,8 @@ class Checkpointer:
         self.keep, self.bound = t.keep, t.checkpoint_overhead
         self.rank, self.world = trainer.ctx.rank, trainer.ctx.world_size
         self.group = dist.new_group(backend="gloo")  # DCP's collectives, apart from training's
+        # the training thread's decisions, apart from DCP's collectives of a write in flight
+        self.control = dist.new_group(backend="gloo")
         self._hook = trainer.optimizer.adamw.register_step_pre_hook(self._before_update)
         self._snapshotted = threading.Event()
         self._snapshotted.set()
@@ -79,11 +88,16 @@ class Checkpointer:
         self._k = 0  # current interval (auto, seconds)
         self._next_at: int | None = None
         self._decide_at: int | None = None
-        self._times: list[float] = []  # step times since the last checkpoint
-        self._stalls = 0.0  # stalls since the last checkpoint
-        self._clean: list[float] = []  # step times with no checkpoint activity: the baseline
+        self._clean: list[float] = []  # recent step times with no checkpoint activity: the baseline
+        self._spent_s = 0.0  # measured cost of checkpointing so far: training-thread time + interference
+        self._measured = 0  # checkpoints whose cost is in _spent_s
+        self._profiling: int | None = None  # auto: step of the first checkpoint while it is written
         self.saved: list[int] = []
         self.last_overhead: float | None = None  # measured over the last interval (auto)
+        if getattr(trainer.executor, "is_async", False):
+            # PipeDream / 2BW run segments of steps as one action list: drain where a checkpoint
+            # (or auto's first decision) is due, so that the step boundary exists and the state is one
+            trainer.executor.drain_at = self.next_boundary
 
     # ----- resume ---------------------------------------------------------------------------------
     def restore(self) -> int:
@@ -124,6 +138,12 @@ class Checkpointer:
             return int(self.every.value)
         return self._k or None
 
+    def next_boundary(self, step: int) -> int | None:
+        """The first step boundary after ``step`` where this checkpointer acts (a checkpoint, or the
+        measured step time turned into an interval); ``None`` when none is planned yet."""
+        due = [s for s in (self._next_at, self._decide_at) if s is not None and s > step]
+        return min(due) if due else None
+
     def _begin(self, step: int) -> int:
         self._start = step
         if self.every.kind == "steps":
@@ -138,78 +158,95 @@ class Checkpointer:
         """Called with each step's metrics row, after the step; returns the row's checkpoint keys."""
         done = step + 1  # optimizer steps completed: the checkpoint's step
         start = time.perf_counter()
-        busy = self._inflight is not None or self._stall_s > 0
-        self._poll()
+        waited, self._stall_s = self._stall_s, 0.0  # inside the step (its time includes it)
         if step > self._start:  # the first step after start-up allocates and warms up
-            self._times.append(row["step_time_s"])
-            if not busy:
-                self._clean.append(row["step_time_s"])
+            if self._inflight is not None:  # the write ran during this step: part of its cost
+                self._inflight.setdefault("overlap", []).append(row["step_time_s"])
+            else:
+                self._clean = (self._clean + [row["step_time_s"]])[-CLEAN_WINDOW:]
+        self._poll()
         extra: dict[str, Any] = {}
         if done < self.trainer.train.steps:
+            if self._profiling is not None:
+                self._profiled(done)
             if self._decide_at == done and self.every.kind == "seconds":
                 self._k = frequency.steps_for_seconds(self.every.value, self._reduce_max([self._baseline()])[0])
                 self._next_at, self._decide_at = done + self._k, None
-            elif self._decide_at == done:  # auto: a first checkpoint, synchronous, measures its costs
-                self._next_at, self._decide_at = done, None
-            if self._next_at == done:
-                self._take(done, "auto-profile" if self.every.kind == "auto" and not self._k else "interval")
+            elif self._decide_at == done:  # auto: a first checkpoint measures what one costs
+                self._decide_at = None
+                self._profile(done)
                 extra["checkpoint_step"] = done
-        stall = self._stall_s + time.perf_counter() - start
-        self._stalls += stall
-        self._stall_s = 0.0
-        if extra or stall > 1e-4:
-            extra["checkpoint_stall_s"] = stall
+            if self._next_at == done:
+                self._take(done, "interval")
+                extra["checkpoint_step"] = done
+        loop_s = time.perf_counter() - start
+        self._spent_s += loop_s
+        if extra or loop_s + waited > 1e-4:
+            extra["checkpoint_stall_s"] = loop_s + waited
         return extra
 
     def _baseline(self) -> float:
-        pool = self._clean or self._times
-        return statistics.median(pool) if pool else 0.0
+        """A clean step's time: the mean of the recent steps that overlapped no checkpoint (the mean,
+        not the median, so that the cost measured against it is not biased by a skewed spread)."""
+        pool = self._clean
+        return sum(pool) / len(pool) if pool else 0.0
 
     def _reduce_max(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
         if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            comm.all_reduce(t, self.control, op=dist.ReduceOp.MAX, purpose="checkpoint_timing")
         return t.tolist()
 
-    def _take(self, done: int, reason: str) -> None:
+    def _profile(self, done: int) -> None:
+        """auto's first checkpoint. Overlapped like every other (the training thread does not wait
+        for its write); ``k`` is decided once every rank's write has finished. An asynchronous
+        pipeline decides its next drain at the start of a segment, so it waits for this one."""
+        self._start_checkpoint(done, "auto-profile")
+        self._profiling = done
+        if getattr(self.trainer.executor, "is_async", False):
+            self._join()
+            self._profiled(done)
+
+    def _profiled(self, done: int) -> None:
+        """While the profiling checkpoint is written: once it is complete on every rank (a one-number
+        all-reduce per step, on the control group), decide ``k``."""
+        finished = self._thread is None or not self._thread.is_alive()
+        if self._reduce_max([0.0 if finished else 1.0])[0] > 0:
+            return
         self._join()
+        self._profiling = None
+        self._decide(done, starting=False)
+        self._next_at = done + self._k
+
+    def _decide(self, done: int, *, starting: bool) -> None:
+        """auto: ``k`` from the costs measured so far (:func:`.frequency.budget_interval`), the same on
+        every rank (the maximum of the ranks' measurements). ``starting``: a checkpoint starts at
+        ``done`` too, whose cost is not measured yet but will be spent: count it at the mean."""
         last = self._last or {}
-        if self.every.kind == "auto" and self._k:
-            base, stall, persist, over = self._reduce_max([
-                self._baseline(), last.get("stall_s", 0.0), last.get("persist_s", 0.0),
-                frequency.interval_overhead(self._times, self._stalls, self._baseline())])
-            # k never shrinks (CheckFreq's rule too): a quiet interval after a stretch would
-            # otherwise undo it, and the two would alternate
-            k = max(self._k, frequency.interval_for(base, stall, persist, self.bound))
-            if over > self.bound and len(self._times) >= MIN_INTERVAL_STEPS:
-                k = max(k, frequency.retune(self._k, over, self.bound))
-            if k != self._k:
-                self.say(f"checkpoint interval: every {k} steps (auto: step {base:.3g} s, stall {stall:.3g} s, "
-                         f"persist {persist:.3g} s, last interval's overhead {100 * over:.1f}%)")
-            self._k = k
-            self.last_overhead = over
+        t = self.trainer.train
+        # the mean cost of a checkpoint so far
+        mean = max(0.0, self._spent_s / max(1, self._measured))
+        base, cost, full, spent = self._reduce_max([
+            self._baseline(), mean, last.get("snapshot_s", 0.0) + last.get("persist_s", 0.0),
+            self._spent_s + (mean if starting else 0.0)])
+        k = frequency.budget_interval(base, cost, full, spent_s=spent, steps_total=t.steps - self._start,
+                                      steps_left=t.steps - done, bound=self.bound * frequency.AIM)
+        past = spent - (cost if starting else 0.0)  # measured, without the one starting now
+        self.last_overhead = past / ((done - self._start) * base) if base > 0 and done > self._start else None
+        if k != self._k:
+            so_far = "" if self.last_overhead is None else f", so far {100 * self.last_overhead:.1f}%"
+            self.say(f"checkpoint interval: every {k} steps (auto: step {base:.3g} s, cost {cost:.3g} s a "
+                     f"checkpoint, write {full:.3g} s, bound {100 * self.bound:g}% of the run{so_far})")
+        self._k = k
+
+    def _take(self, done: int, reason: str) -> None:
+        self._join()  # at most one in flight
+        if self.every.kind == "auto":
+            self._decide(done, starting=True)
         elif self.every.kind == "seconds":
             self._k = frequency.steps_for_seconds(self.every.value, self._reduce_max([self._baseline()])[0])
         self._start_checkpoint(done, reason)
-        if reason == "auto-profile":
-            t0 = time.perf_counter()
-            self._join()
-            last = self._last or {}
-            # this one waited for its persist on purpose; overlapped, training waits at most for the copy
-            last["stall_s"] = last.get("snapshot_s", 0.0)
-            base, snap, persist = self._reduce_max([self._baseline(), last.get("snapshot_s", 0.0),
-                                                    last.get("persist_s", 0.0)])
-            self._k = frequency.interval_for(base, snap, persist, self.bound)
-            self._stalls += time.perf_counter() - t0
-            self.say(f"checkpoint interval: every {self._k} steps (auto: step {base:.3g} s, snapshot {snap:.3g} s, "
-                     f"persist {persist:.3g} s, bound {100 * self.bound:g}%)")
-        if self.every.kind == "steps":
-            self._next_at = done + int(self.every.value)
-        else:
-            self._next_at = done + self._k
-        # too short an interval (k = 1) is measured together with the next one
-        if reason == "auto-profile" or len(self._times) >= MIN_INTERVAL_STEPS:
-            self._times, self._stalls = [], 0.0
+        self._next_at = done + (int(self.every.value) if self.every.kind == "steps" else self._k)
 
     def _start_checkpoint(self, done: int, reason: str) -> None:
         tr = self.trainer
@@ -235,6 +272,7 @@ class Checkpointer:
                                                                                              "snapshot"))
             info["snapshot_s"] = time.perf_counter() - t0
             self._snapshotted.set()
+            _yield_to_training()
             t1 = time.perf_counter()
             path = store.step_dir(self.root, done)
             if self.rank == 0 and path.exists():  # a leftover of an earlier run; no rank writes before rank 0 plans
@@ -271,7 +309,6 @@ class Checkpointer:
             return
         t0 = time.perf_counter()
         self._thread.join()
-        self._stall_s += time.perf_counter() - t0
         self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
@@ -279,6 +316,10 @@ class Checkpointer:
         info = self._inflight or {}
         self._inflight = None
         info["stall_s"] = info.get("wait_s", 0.0) + (time.perf_counter() - t0)
+        # the steps that ran beside the write were slower than clean ones: that is part of its cost
+        info["interference_s"] = frequency.interference(info.get("overlap", []), self._baseline())
+        self._spent_s += info["interference_s"]
+        self._measured += 1
         self._last = info
         self.saved.append(info["step"])
         size = info.get("size_bytes")
@@ -294,3 +335,11 @@ class Checkpointer:
             self._start_checkpoint(steps, "final")
         self._join()
         self._hook.remove()
+
+
+def _yield_to_training() -> None:
+    """Lower this thread's scheduling priority for the rest of the write. Linux keeps a nice value
+    per thread (``setpriority`` on a thread id changes that thread only); the snapshot, which the
+    optimizer waits for, already ran at full priority. Elsewhere, or without permission: no-op."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)

@@ -21,11 +21,11 @@ from pathlib import Path, PosixPath, PurePosixPath, PureWindowsPath, WindowsPath
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from ..comm import layer as comm
 from . import state
 from .store import CheckpointInfo
 
@@ -83,7 +83,7 @@ def load_into(trainer: Trainer, info: CheckpointInfo) -> None:
     targets = state.load_targets(trainer, saved)
     dcp.load(targets, storage_reader=SafeReader(str(info.path)))
     state.apply_loaded(trainer, targets)
-    dist.barrier()
+    comm.barrier(purpose="checkpoint_load")
 
 
 def load_full_model(path: str | Path) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ pruning and leftovers of a crashed write that a newer complete checkpoint supers
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from typing import Any
 
 from paratrain.errors import ConfigError
 from paratrain.fileio import atomic_writer, check_output_path
+from paratrain.spec.model import from_document
 
 __all__ = ["MARKER", "FORMAT", "CheckpointInfo", "step_dir", "list_checkpoints", "verify", "write_marker",
            "prune", "resume_checkpoint", "check_fresh_dir", "check_compatible", "file_digest"]
@@ -218,6 +220,11 @@ def check_fresh_dir(root: str | os.PathLike[str]) -> None:
 def check_compatible(manifest: dict[str, Any], model_spec: dict[str, Any], seed: int) -> None:
     """The checkpoint was written for this model and seed (the data order follows the seed)."""
     theirs = manifest.get("model_spec")
+    if isinstance(theirs, dict):
+        # a checkpoint written before ModelSpec gained a field holds no key for it: read it as the
+        # field's default, so older checkpoints of the same model still resume
+        with contextlib.suppress(ConfigError, TypeError):
+            theirs = from_document(theirs, "checkpoint model_spec").to_dict()
     if theirs != model_spec:
         differ = sorted(k for k in set(model_spec) | set(theirs or {})
                         if (theirs or {}).get(k) != model_spec.get(k))

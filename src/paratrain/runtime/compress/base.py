@@ -21,6 +21,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from ..comm import layer as comm
+
 __all__ = ["Comm", "Compressor", "ReductionStats", "index_dtype"]
 
 
@@ -111,7 +113,7 @@ class Comm:
         """Sum ``t`` over the group in place (``payload`` "values": counted as values)."""
         if self.size > 1:
             self._count(t, round(2 * t.numel() * (self.size - 1) / self.size), payload)
-            dist.all_reduce(t, group=self.group)
+            comm.all_reduce(t, self.group, axis="dp", purpose=f"compress_{payload or 'control'}")
         return t
 
     def all_gather(self, t: torch.Tensor, payload: str | None = None) -> list[torch.Tensor]:
@@ -120,7 +122,7 @@ class Comm:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.size)]
         self._count(t, t.numel() * (self.size - 1), payload)
-        dist.all_gather(out, t.contiguous(), group=self.group)
+        comm.all_gather(out, t.contiguous(), self.group, axis="dp", purpose=f"compress_{payload or 'control'}")
         return out
 
     def exchange(self, sends: dict[int, list[tuple[torch.Tensor, str]]],
@@ -139,9 +141,9 @@ class Comm:
             for t, kind in items:
                 if t.numel():
                     self._count(t, t.numel(), kind)
-                    ops.append(dist.P2POp(dist.isend, t.contiguous(), self.global_rank(peer), self.group))
+                    ops.append(comm.P2P(True, t.contiguous(), self.global_rank(peer), f"compress_{kind}"))
         for peer, bufs in receives.items():
             for b in bufs:
                 if b.numel():
-                    ops.append(dist.P2POp(dist.irecv, b, self.global_rank(peer), self.group))
-        return list(dist.batch_isend_irecv(ops)) if ops else []
+                    ops.append(comm.P2P(False, b, self.global_rank(peer), "compress"))
+        return comm.batch_isend_irecv(ops, self.group, axis="dp")

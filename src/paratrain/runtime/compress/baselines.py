@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, ReductionStats, index_dtype
-from .select import gaussian_threshold, k_of, select
+from .select import Scratch, gaussian_threshold, k_of, top_k
 
 __all__ = ["TopkA", "GTopk", "Gaussiank"]
 
@@ -20,6 +20,7 @@ class _Sparse:
         self.comm = Comm(group)
         self.density = density
         self.residual: torch.Tensor | None = None
+        self.scratch = Scratch()
 
     def residual_norm(self) -> float:
         return 0.0 if self.residual is None else float(self.residual.norm())
@@ -28,14 +29,6 @@ class _Sparse:
         if self.residual is None:
             self.residual = torch.zeros_like(flat)
         return self.residual.add_(flat)  # g + residual, in the residual's memory
-
-    @staticmethod
-    def _top_k(mag: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
-        """Sorted indices of the k largest magnitudes and the k-th largest (0: all kept)."""
-        if k >= mag.numel():
-            return torch.arange(mag.numel(), device=mag.device), 0.0
-        top = torch.topk(mag, k, sorted=False)
-        return top.indices.sort().values, float(top.values.min())
 
     def _gather_sum(self, flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
         """``flat`` = the sum of every rank's (idx, vals); counts may differ (padded all-gather)."""
@@ -51,7 +44,7 @@ class _Sparse:
             flat.index_add_(0, gi[:c].long(), gv[:c])
 
     def _finish(self, stats: ReductionStats, acc: torch.Tensor, sent: torch.Tensor, thr: float) -> ReductionStats:
-        acc[sent] = 0
+        acc.index_fill_(0, sent, 0)
         self.residual = acc
         stats.density = sent.numel() / acc.numel()
         stats.threshold = thr
@@ -69,7 +62,7 @@ class TopkA(_Sparse):
         stats = self.comm.begin(flat.numel(), flat.device)
         acc = self._acc(flat)
         k = k_of(flat.numel(), self.density)
-        idx, thr = self._top_k(acc.abs(), k)
+        idx, thr = top_k(acc, k, self.scratch)
         self._gather_sum(flat, idx, acc[idx])
         return self._finish(stats, acc, idx, thr)
 
@@ -85,19 +78,19 @@ class Gaussiank(_Sparse):
         acc = self._acc(flat)
         n = flat.numel()
         k = k_of(n, self.density)
-        mag = acc.abs()
         thr = gaussian_threshold(acc, self.density) if k < n else 0.0
+        # one pass at the lowest threshold the search can reach (20 divisions by 1.02, and a
+        # margin for rounding); every step then counts within those entries
+        pool = self.scratch.above(acc, thr / 1.02**21, limit=n // (2 * Scratch.BLOCK)) if thr > 0 else None
+        if pool is None:
+            pool = torch.arange(n, device=acc.device)
+        mags = acc[pool].abs()
         for _ in range(20):
-            if thr <= 0:
+            count = int(torch.count_nonzero(mags >= thr)) if thr > 0 else int(torch.count_nonzero(mags))
+            if thr <= 0 or 3 * k / 4 <= count <= 5 * k / 4:
                 break
-            count = int(torch.count_nonzero(mag >= thr))
-            if count < 3 * k / 4:
-                thr /= 1.02
-            elif count > 5 * k / 4:
-                thr *= 1.02
-            else:
-                break
-        idx = select(mag, thr)
+            thr = thr / 1.02 if count < 3 * k / 4 else thr * 1.02
+        idx = pool[mags >= thr] if thr > 0 else pool[mags > 0]
         self._gather_sum(flat, idx, acc[idx])
         return self._finish(stats, acc, idx, thr)
 
@@ -114,7 +107,7 @@ class GTopk(_Sparse):
         acc = self._acc(flat)
         n = flat.numel()
         k = k_of(n, self.density)
-        local, thr = self._top_k(acc.abs(), k)
+        local, thr = top_k(acc, k, self.scratch)
         idx, vals = local, acc[local]
         p, r = self.comm.size, self.comm.rank
         itype = index_dtype(n)
@@ -139,7 +132,7 @@ class GTopk(_Sparse):
             idx, vals = uniq, summed
             step *= 2
         flat.zero_()
-        flat[idx] = vals
+        flat.index_copy_(0, idx, vals)
         # residual: local entries that did not survive the tree stay
         keep = torch.zeros(n, dtype=torch.bool, device=flat.device)
         keep[idx] = True

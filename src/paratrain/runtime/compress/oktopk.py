@@ -27,10 +27,17 @@ One call reduces a rank's whole flat gradient ``g`` (n entries, ``k = ceil(n * d
 Payload per rank: split-and-reduce ~2k(P-1)/P elements (values and indices), balance and
 all-gather ~4k(P-1)/P: below 6k(P-1)/P (paper Eq. 1-3).
 
+Cost on one CPU host (``bench/bench_compress.py``): the selections avoid n-sized temporaries and
+full top-k sorts (:mod:`~paratrain.runtime.compress.select`); raising a reused threshold
+filters the entries the first compare found instead of comparing all n again; the residual
+update reads the result (a globally selected entry is never 0) instead of searching the gathered
+indices.
+
 Departure from the paper's rules: a reused threshold is dropped when it selects outside
 [2k/3, 4k/3] entries locally (after the five x1.03 steps: replaced by an estimate from a strided
 sample of 65,536 magnitudes, and by the exact one if that misses the band too), or outside
-[2k/3, 4k/3] in total over the group (one all-reduced count; replaced by the exact one). Right
+[2k/3, 4k/3] in total over the group (one all-gather of the ranks' counts, which the balance
+step then reuses; replaced by the exact one). Right
 after the dense warm-up the residuals grow faster than the 1.2 % and 0.8 % adjustments follow, and
 with the rules alone the measured volume left the 6k bound (random gradients, 4 ranks: up to 4.5k
 entries selected globally); after an exact recompute on the tiny GPT the local density fell to
@@ -43,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, ReductionStats, index_dtype
-from .select import exact_threshold, group_threshold, k_of, sampled_threshold, select
+from .select import Scratch, exact_threshold, group_threshold, k_of, sampled_threshold
 
 __all__ = ["OkTopk"]
 
@@ -67,36 +74,41 @@ class OkTopk:
         self.global_thr: float | None = None
         self.bounds: list[int] | None = None
         self.used_thr = 0.0  # the local threshold of the last selection
+        self.scratch = Scratch()
+        self._region: torch.Tensor | None = None
 
     def residual_norm(self) -> float:
         return 0.0 if self.residual is None else float(self.residual.norm())
 
     # ----- the steps ----------------------------------------------------------------------------------
     def _local_selection(self, acc: torch.Tensor, k: int, exact: bool) -> torch.Tensor:
-        mag = acc.abs()
-        if exact or self.local_thr is None:
-            self.local_thr = exact_threshold(mag, k)
-        else:
-            mask = mag >= self.local_thr
-            count = int(torch.count_nonzero(mask))  # 15x faster than a bool tensor's sum() on CPU
-            for _ in range(5):
-                if count <= 4 * k / 3:
-                    break
-                self.local_thr *= 1.03
-                mask = mag >= self.local_thr
-                count = int(torch.count_nonzero(mask))
-            if not (2 * k / 3 <= count <= 4 * k / 3 and self.local_thr > 0):
-                # the rules lost track (see the module docstring): estimate from a sample first
-                self.local_thr = sampled_threshold(mag, k)
-                mask = mag >= self.local_thr
-                count = int(torch.count_nonzero(mask))
-            if 2 * k / 3 <= count <= 4 * k / 3 and self.local_thr > 0:
-                self.used_thr = self.local_thr
-                idx = mask.nonzero().squeeze(1)  # the compare already made: one pass fewer
-                return self._adjust(idx, k)
-            self.local_thr = exact_threshold(mag, k)
+        if not exact and self.local_thr is not None and self.local_thr > 0:
+            # one pass collects the entries above the reused threshold; raising it only filters
+            # them. More than 8k entries: five x1.03 steps (+16 %) cannot bring them below 4k/3
+            idx = self.scratch.above(acc, self.local_thr, limit=8 * k)
+            if idx is not None:
+                cand = acc[idx].abs()
+                for _ in range(5):
+                    if idx.numel() <= 4 * k / 3:
+                        break
+                    self.local_thr *= 1.03
+                    keep = cand >= self.local_thr
+                    idx, cand = idx[keep], cand[keep]
+                if 2 * k / 3 <= idx.numel() <= 4 * k / 3:
+                    self.used_thr = self.local_thr
+                    return self._adjust(idx, k)
+            # the rules lost track (see the module docstring): estimate from a sample first
+            self.local_thr = sampled_threshold(acc, k)
+            if self.local_thr > 0:
+                idx = self.scratch.above(acc, self.local_thr, limit=2 * k)
+                if idx is not None and 2 * k / 3 <= idx.numel() <= 4 * k / 3:
+                    self.used_thr = self.local_thr
+                    return self._adjust(idx, k)
+        self.local_thr = exact_threshold(acc, k, self.scratch)
         self.used_thr = self.local_thr
-        return self._adjust(select(mag, self.local_thr), k)
+        idx = self.scratch.above(acc, self.local_thr)
+        assert idx is not None
+        return self._adjust(idx, k)
 
     def _adjust(self, idx: torch.Tensor, k: int) -> torch.Tensor:
         """The paper's correction after a selection of ``idx``: aim the next one at k."""
@@ -120,7 +132,9 @@ class OkTopk:
         """This rank's region, summed over the group (dense, length of the region)."""
         p, r = self.comm.size, self.comm.rank
         lo, hi = bounds[r], bounds[r + 1]
-        region = torch.zeros(hi - lo, dtype=vals.dtype, device=vals.device)
+        if self._region is None or self._region.numel() < hi - lo or self._region.dtype != vals.dtype:
+            self._region = torch.empty(hi - lo, dtype=vals.dtype, device=vals.device)
+        region = self._region[: hi - lo].zero_()  # reused: a fresh buffer costs page faults
         # selected indices are sorted: each region's entries are one slice
         edges = torch.searchsorted(idx, torch.tensor(bounds, dtype=idx.dtype, device=idx.device)).tolist()
         counts = self.comm.ints([edges[d + 1] - edges[d] for d in range(p)])
@@ -149,22 +163,29 @@ class OkTopk:
             region.index_add_(0, bi.long() - lo, bv)
         return region
 
-    def _global_selection(self, region: torch.Tensor, k: int, exact: bool) -> torch.Tensor:
-        mag = region.abs()
+    def _global_selection(self, region: torch.Tensor, k: int, exact: bool) -> tuple[torch.Tensor, list[int] | None]:
+        """The entries of this rank's region in the global selection, and every rank's count of
+        them when this call already gathered those (the balance step needs them)."""
         if not exact and self.global_thr is not None:
-            sel = select(mag, self.global_thr)
-            total = int(self.comm.all_reduce(self.comm.ints([sel.numel()])))
-            if 2 * k / 3 <= total <= 4 * k / 3:
-                return sel
-        self.global_thr = group_threshold(mag, k, self.comm)
-        return select(mag, self.global_thr)
+            sel = self.scratch.above(region, self.global_thr)
+            assert sel is not None
+            # every rank's count, not only the total: the balance step reuses them (a round fewer)
+            counts = [int(c) for c in self.comm.all_gather(self.comm.ints([sel.numel()]))]
+            if 2 * k / 3 <= sum(counts) <= 4 * k / 3:
+                return sel, counts
+        self.global_thr = group_threshold(region, k, self.comm, self.scratch)
+        sel = self.scratch.above(region, self.global_thr)
+        assert sel is not None
+        return sel, None
 
-    def _balance(self, gidx: torch.Tensor, gval: torch.Tensor) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def _balance(self, gidx: torch.Tensor, gval: torch.Tensor,
+                 counts: list[int] | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Move entries so rank i holds the i-th P-th of the concatenation of every rank's selected
         entries (in rank order, so in index order). Returns every rank's count after the move and
         this rank's entries."""
         p, r = self.comm.size, self.comm.rank
-        counts = [int(c) for c in self.comm.all_gather(self.comm.ints([gidx.numel()]))]
+        if counts is None:
+            counts = [int(c) for c in self.comm.all_gather(self.comm.ints([gidx.numel()]))]
         total = sum(counts)
         target = [total * (i + 1) // p - total * i // p for i in range(p)]
         start = [sum(counts[:i]) for i in range(p)]
@@ -244,8 +265,8 @@ class OkTopk:
             self.bounds = self._regions(idx, n)
         region = self._split_and_reduce(idx, acc[idx], self.bounds)
         lo = self.bounds[self.comm.rank]
-        sel = self._global_selection(region, k, exact)
-        counts, bi, bv = self._balance((sel + lo).to(index_dtype(n)), region[sel])
+        sel, counts_now = self._global_selection(region, k, exact)
+        counts, bi, bv = self._balance((sel + lo).to(index_dtype(n)), region[sel], counts_now)
         total = sum(counts)
         if not exact and self.global_thr:
             if total < 2 * k / 3:
@@ -253,14 +274,12 @@ class OkTopk:
             elif total > 4 * k / 3:
                 self.global_thr *= 1.008
         gidx, gval = self._allgather(counts, bi, bv)
-        gidx = gidx.long()
         flat.zero_()
-        flat[gidx] = gval
-        # residual: everything but what this rank sent and the group kept (both index lists are
-        # sorted: regions are in rank order, each region's entries in index order)
-        pos = torch.searchsorted(gidx, idx.long()).clamp_(max=max(gidx.numel() - 1, 0))
-        both = idx[gidx[pos] == idx] if gidx.numel() else idx[:0]
-        acc[both.long()] = 0
+        flat.index_copy_(0, gidx.long(), gval)
+        # residual: everything but what this rank sent and the group kept. A globally selected
+        # entry is never 0 (its magnitude passed a positive threshold, or > 0), so the result
+        # marks them: one gather instead of searching gidx
+        acc.index_fill_(0, idx[flat[idx] != 0], 0)
         self.calls += 1
         stats.density = idx.numel() / n
         stats.threshold = self.used_thr

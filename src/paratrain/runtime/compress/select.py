@@ -1,5 +1,12 @@
 """Magnitude thresholds: exact local top-k, exact top-k over a group without gathering values,
-the Gaussian estimate, and the selection rule shared by every sparse compressor."""
+the Gaussian estimate, and the selection rule shared by every sparse compressor.
+
+Selections run over a rank's whole gradient (25M entries in the benchmark), so they avoid
+n-sized temporaries (a fresh 100 MB tensor costs more than the pass that fills it: page faults) and
+passes: :meth:`Scratch.above` finds the entries above a threshold from per-block maxima in reused
+buffers, and the exact k-th largest comes from a top-k over the few entries above a sampled bound
+instead of over all n (torch.topk of 25M at 1 %: 540 ms on one thread).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import torch
 
 from .base import Comm
 
-__all__ = ["exact_threshold", "sampled_threshold", "group_threshold", "gaussian_threshold", "select", "k_of"]
+__all__ = ["Scratch", "exact_threshold", "top_k", "sampled_threshold", "group_threshold", "gaussian_threshold", "k_of"]
 
 
 def k_of(n: int, density: float) -> int:
@@ -17,29 +24,99 @@ def k_of(n: int, density: float) -> int:
     return max(1, min(n, math.ceil(n * density)))
 
 
-def select(magnitude: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Indices (sorted) of the entries at or above ``threshold``; exact zeros are never sent."""
-    mask = magnitude >= threshold if threshold > 0 else magnitude > 0
-    return mask.nonzero().squeeze(1)
+class Scratch:
+    """Buffers reused by every selection of one compressor (module docstring)."""
+
+    BLOCK = 8  # entries per block of :meth:`above`'s first pass
+
+    def __init__(self) -> None:
+        self._hi: torch.Tensor | None = None
+        self._lo: torch.Tensor | None = None
+
+    def _blocks(self, x: torch.Tensor, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._hi is None or self._hi.numel() < columns or self._hi.dtype != x.dtype or self._hi.device != x.device:
+            self._hi = torch.empty(columns, dtype=x.dtype, device=x.device)
+            self._lo = torch.empty(columns, dtype=x.dtype, device=x.device)
+        assert self._lo is not None
+        return self._hi[:columns], self._lo[:columns]
+
+    def above(self, x: torch.Tensor, threshold: float, limit: int | None = None) -> torch.Tensor | None:
+        """Sorted indices (int64) of the entries with ``|x| >= threshold`` (``x != 0`` when the
+        threshold is 0: exact zeros are never sent); ``None`` when more than ``limit`` blocks
+        hold one (so more than ``limit`` entries pass).
+
+        Two passes, no n-sized temporary: ``x`` (1-D) viewed as 8 rows of n/8 makes n/8 blocks of
+        8 entries (``j, j + n/8, ...``); one max and one min down the rows give each block's largest
+        magnitude, and only the blocks that reach the threshold are gathered and compared (at 1 %
+        density ~8 % of them). About 2x faster than ``abs``, compare and ``nonzero`` over all n."""
+        n = x.numel()
+        cols = n // self.BLOCK
+        main = x[: cols * self.BLOCK].view(self.BLOCK, cols)
+        hi, lo = self._blocks(x, cols)
+        torch.amax(main, 0, out=hi)
+        torch.amin(main, 0, out=lo)
+        torch.maximum(hi, lo.neg_(), out=hi)  # each block's largest magnitude
+        hit_cols = (hi >= threshold if threshold > 0 else hi > 0).nonzero().squeeze(1)
+        if limit is not None and hit_cols.numel() > limit:
+            return None
+        part = main.index_select(1, hit_cols).abs_()
+        rows, at = (part >= threshold if threshold > 0 else part > 0).nonzero().unbind(1)
+        idx = rows * cols + hit_cols[at]  # row-major order is index order: rows, then columns
+        tail = x[cols * self.BLOCK:]
+        if tail.numel():
+            t = tail.abs()
+            hit = (t >= threshold if threshold > 0 else t > 0).nonzero().squeeze(1)
+            idx = torch.cat([idx, hit + cols * self.BLOCK])
+        return idx
 
 
-def exact_threshold(magnitude: torch.Tensor, k: int) -> float:
-    """The k-th largest magnitude (0 when ``k`` covers every entry: keep all)."""
-    n = magnitude.numel()
-    if k >= n:
+def _candidates(x: torch.Tensor, k: int, scratch: Scratch | None) -> torch.Tensor | None:
+    """Indices of the entries whose magnitude reaches a sampled estimate of the 2k-th largest,
+    when at least k do (then the k largest are all among them); ``None`` otherwise (an unlucky
+    sample, a small tensor, no scratch)."""
+    n = x.numel()
+    if scratch is None or n <= 4 * SAMPLE:
+        return None
+    bound = sampled_threshold(x, min(n, 2 * k))
+    # at most half the blocks: past that, gathering them costs about what a top-k over all n does
+    cand = scratch.above(x, bound, limit=n // (2 * Scratch.BLOCK)) if bound > 0 else None
+    return cand if cand is not None and cand.numel() >= k else None
+
+
+def exact_threshold(x: torch.Tensor, k: int, scratch: Scratch | None = None) -> float:
+    """The k-th largest magnitude of ``x`` (0 when ``k`` covers every entry: keep all). With
+    ``scratch``, a top-k over the candidates of :func:`_candidates` when there are enough: the
+    same value, without a top-k over all n (torch.topk of 25M at 1 %: 540 ms)."""
+    if k >= x.numel():
         return 0.0
-    return float(torch.topk(magnitude, k, sorted=False).values.min())
+    cand = _candidates(x, k, scratch)
+    pool = x.abs() if cand is None else x[cand].abs()
+    return float(torch.topk(pool, k, sorted=False).values.min())
+
+
+def top_k(x: torch.Tensor, k: int, scratch: Scratch | None = None) -> tuple[torch.Tensor, float]:
+    """Sorted indices (int64) of the k largest magnitudes of ``x`` and the k-th largest (0: all
+    kept); exactly k (torch.topk breaks ties at the k-th value)."""
+    n = x.numel()
+    if k >= n:
+        return torch.arange(n, device=x.device), 0.0
+    cand = _candidates(x, k, scratch)
+    if cand is None:
+        top = torch.topk(x.abs(), k, sorted=False)
+        return top.indices.sort().values, float(top.values.min())
+    top = torch.topk(x[cand].abs(), k, sorted=False)
+    return cand[top.indices].sort().values, float(top.values.min())
 
 
 SAMPLE = 2**16  # magnitudes a sampled threshold looks at: ~k/n * 65,536 of them lie above it
 
 
-def sampled_threshold(magnitude: torch.Tensor, k: int) -> float:
-    """An estimate of the k-th largest magnitude from every s-th entry (s = n / 65,536): the same
-    quantile of the sample. O(n / s) instead of a top-k over all n."""
-    n = magnitude.numel()
+def sampled_threshold(x: torch.Tensor, k: int) -> float:
+    """An estimate of the k-th largest magnitude of ``x`` from every s-th entry (s = n / 65,536):
+    the same quantile of the sample. O(n / s) instead of a top-k over all n."""
+    n = x.numel()
     stride = max(1, n // SAMPLE)
-    sample = magnitude[::stride]
+    sample = x[::stride]
     ks = max(1, round(k * sample.numel() / n))
     return exact_threshold(sample, ks)
 
@@ -54,8 +131,9 @@ def _bits(magnitude: torch.Tensor) -> tuple[torch.Tensor, int]:
     return magnitude.float().view(torch.int32).to(torch.int64), 32
 
 
-def group_threshold(magnitude: torch.Tensor, k: int, comm: Comm) -> float:
-    """The exact k-th largest of the magnitudes held by all ranks together (disjoint pieces).
+def group_threshold(x: torch.Tensor, k: int, comm: Comm, scratch: Scratch | None = None) -> float:
+    """The exact k-th largest of the magnitudes of the values all ranks hold together (disjoint
+    pieces).
 
     Radix selection on the bit patterns, 8 bits a round: each round all-reduces a 256-bin
     histogram of the next byte among the entries matching the prefix found so far (4 rounds for
@@ -63,7 +141,7 @@ def group_threshold(magnitude: torch.Tensor, k: int, comm: Comm) -> float:
     (what the public Ok-Topk code does every 32 calls), so the exact recompute keeps the volume
     bound. Returns 0 when the group holds at most ``k`` nonzeros (keep all of them).
     """
-    nonzero = magnitude[magnitude > 0]
+    nonzero = x[(scratch or Scratch()).above(x, 0.0)].abs()
     total = comm.all_reduce(comm.ints([nonzero.numel()]))
     if int(total) <= k:
         return 0.0

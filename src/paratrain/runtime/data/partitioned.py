@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..comm import layer as comm
+
 __all__ = ["PartitionedCache", "PartitionStats", "owners"]
 
 
@@ -80,7 +82,6 @@ class PartitionedCache:
             elif o is None:
                 out[i] = self.dataset.fetch(i)
                 self.stats.storage_reads += 1
-        sends, recvs = [], []
         outgoing: dict[int, list[bytes]] = {}
         for r in range(self.world):
             if r == self.rank:
@@ -91,18 +92,16 @@ class PartitionedCache:
         incoming = {r: [i for i in mine if self.owner[i] == r] for r in range(self.world) if r != self.rank}
         # lengths first: the receiver knows how many items, not how many bytes
         lengths = {r: torch.empty(len(ids), dtype=torch.int64) for r, ids in incoming.items() if ids}
-        for r, blobs in outgoing.items():
-            if blobs:
-                sends.append(dist.isend(torch.tensor([len(b) for b in blobs], dtype=torch.int64), self._peer(r),
-                                        group=self.group))
-        recvs = [dist.irecv(t, self._peer(r), group=self.group) for r, t in lengths.items()]
-        for w in sends + recvs:
+        ops = [comm.P2P(True, torch.tensor([len(b) for b in blobs], dtype=torch.int64), self._peer(r))
+               for r, blobs in outgoing.items() if blobs]
+        ops += [comm.P2P(False, t, self._peer(r)) for r, t in lengths.items()]
+        for w in comm.batch_isend_irecv(ops, self.group, axis="dp", purpose="cache_lengths"):
             w.wait()
         payloads = {r: torch.empty(int(t.sum()), dtype=torch.uint8) for r, t in lengths.items()}
-        sends = [dist.isend(torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8), self._peer(r),
-                            group=self.group) for r, blobs in outgoing.items() if blobs]
-        recvs = [dist.irecv(t, self._peer(r), group=self.group) for r, t in payloads.items()]
-        for w in sends + recvs:
+        ops = [comm.P2P(True, torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8), self._peer(r))
+               for r, blobs in outgoing.items() if blobs]
+        ops += [comm.P2P(False, t, self._peer(r)) for r, t in payloads.items()]
+        for w in comm.batch_isend_irecv(ops, self.group, axis="dp", purpose="cache_items"):
             w.wait()
         for r, t in payloads.items():
             raw, start = t.numpy().tobytes(), 0

@@ -1,7 +1,7 @@
 """Reference BERT encoder with its masked-LM head, in plain torch, from a :class:`ModelSpec`.
 
 Post-norm blocks as in the original (Devlin et al. 2019; Vaswani et al. 2017), learned
-positions, two token types, embedding LayerNorm; the MLM head is dense -> GELU -> norm ->
+positions, two token types, embedding LayerNorm; the MLM head is dense -> activation -> norm ->
 decoder (tied to the token embedding unless ``tied_embeddings`` is off) with its own bias.
 Parameter count equals ``ModelSpec.param_count()`` exactly.
 
@@ -11,13 +11,12 @@ Legend: ``B`` batch, ``S`` sequence, ``H`` hidden, ``V`` vocabulary.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paratrain.spec.model import ModelSpec
 
 from .base import TransformerLM
-from .layers import Block, make_norm
+from .layers import Block, activation, make_norm, token_embedding
 
 __all__ = ["BERT", "BertEmbedding", "MLMHead"]
 
@@ -29,23 +28,26 @@ class BertEmbedding(nn.Module):
         self.pos = nn.Embedding(spec.num_positions, spec.hidden)
         self.segment = nn.Embedding(2, spec.hidden)  # token types: sentence A / B
         self.norm = make_norm(spec)
+        self.pad_token = spec.pad_token
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         pos_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
         # One segment per sequence: every token has type 0 (masked LM without next-sentence).
-        x_BSH = self.tok(tokens_BS) + self.pos(pos_S) + self.segment(torch.zeros_like(pos_S))
+        x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
+        x_BSH = x_BSH + self.pos(pos_S) + self.segment(torch.zeros_like(pos_S))
         return self.norm(x_BSH)
 
 
 class MLMHead(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
+        self.spec = spec
         self.dense = nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
         self.norm = make_norm(spec)
         self.proj = nn.Linear(spec.hidden, spec.vocab, bias=True)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.norm(F.gelu(self.dense(x_BSH), approximate="tanh")))
+        return self.proj(self.norm(activation(self.spec, self.dense(x_BSH))))
 
 
 class BERT(TransformerLM):

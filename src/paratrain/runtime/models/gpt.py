@@ -16,7 +16,7 @@ from torch import nn
 from paratrain.spec.model import ModelSpec
 
 from .base import TransformerLM
-from .layers import Block, make_norm
+from .layers import Block, make_norm, token_embedding
 
 __all__ = ["GPT", "GPTEmbedding", "LMHead"]
 
@@ -26,9 +26,10 @@ class GPTEmbedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.num_positions, spec.hidden) if spec.num_positions else None
+        self.pad_token = spec.pad_token
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
-        x_BSH = self.tok(tokens_BS)
+        x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
         if self.pos is not None:
             x_BSH = x_BSH + self.pos(torch.arange(tokens_BS.shape[1], device=tokens_BS.device))
         return x_BSH

@@ -18,22 +18,43 @@ from torch import nn
 
 from paratrain.spec.model import Activation, ModelSpec, Norm
 
-__all__ = ["Attention", "MLP", "Block", "make_norm", "rotary_tables", "apply_rotary", "init_weights"]
+__all__ = ["Attention", "MLP", "Block", "activation", "make_norm", "token_embedding", "rotary_tables",
+           "apply_rotary", "init_weights"]
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
     # ModelSpec.norm_params: RMSNorm has a scale only; LayerNorm adds a bias unless ``bias`` is off.
     if spec.norm is Norm.RMSNORM:
-        return nn.RMSNorm(spec.hidden, eps=1e-6)
-    return nn.LayerNorm(spec.hidden, eps=1e-5, bias=spec.bias)
+        return nn.RMSNorm(spec.hidden, eps=1e-6 if spec.norm_eps is None else spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=1e-5 if spec.norm_eps is None else spec.norm_eps, bias=spec.bias)
 
 
-def rotary_tables(spec: ModelSpec, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``[S, D/2]`` of rotary position embedding (Su et al. 2021, eq. 34)."""
+def activation(spec: ModelSpec, a: torch.Tensor) -> torch.Tensor:
+    """The non-gated activation of the FFN (and of BERT's MLM transform)."""
+    if spec.activation is Activation.RELU:
+        return F.relu(a)
+    return F.gelu(a, approximate="none" if spec.activation is Activation.GELU_EXACT else "tanh")
+
+
+def token_embedding(tok: nn.Module, tokens_BS: torch.Tensor, pad_token: int | None) -> torch.Tensor:
+    """``tok(tokens)``; with a pad token, its positions pass no gradient to the table (what
+    ``nn.Embedding(padding_idx=...)`` does, written out so that it holds for a vocabulary-sharded
+    table too). The forward value is unchanged."""
+    x_BSH = tok(tokens_BS)
+    if pad_token is None:
+        return x_BSH
+    return torch.where((tokens_BS == pad_token).unsqueeze(-1), x_BSH.detach(), x_BSH)
+
+
+def rotary_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[S, D/2]`` of rotary position embedding (Su et al. 2021, eq. 34).
+
+    Kept in float64: :func:`apply_rotary` casts them to the activations' dtype, so fp32 runs use
+    the same rounded tables as before and float64 runs (the HF equivalence tests) lose nothing."""
     d = spec.head_dim
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     angles = torch.outer(torch.arange(spec.seq, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos(), angles.sin()
 
 
 def apply_rotary(x_BNSD: torch.Tensor, cos_SD2: torch.Tensor, sin_SD2: torch.Tensor) -> torch.Tensor:
@@ -81,7 +102,7 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         h, f = spec.hidden, spec.ffn_size
-        self.activation = spec.activation
+        self.spec = spec
         self.fc1 = nn.Linear(h, f, bias=spec.bias)
         self.gate = nn.Linear(h, f, bias=spec.bias) if spec.activation is Activation.SWIGLU else None
         self.fc2 = nn.Linear(f, h, bias=spec.bias)
@@ -89,9 +110,7 @@ class MLP(nn.Module):
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
             return self.fc2(F.silu(self.gate(x_BSH)) * self.fc1(x_BSH))
-        a_BSF = self.fc1(x_BSH)
-        a_BSF = F.relu(a_BSF) if self.activation is Activation.RELU else F.gelu(a_BSF, approximate="tanh")
-        return self.fc2(a_BSF)
+        return self.fc2(activation(self.spec, self.fc1(x_BSH)))
 
 
 class Block(nn.Module):
