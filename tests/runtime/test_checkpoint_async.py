@@ -7,9 +7,9 @@ gradient is applied and no stashed version is left; the checkpoint holds that on
 AdamW state, generators; the step fixes learning rate and batches), and the next segment starts
 from it. So:
 
-* a 2BW run checkpointing (draining) every 4 steps, killed inside step 10 and resumed, equals the
-  same run uninterrupted, with the same drains, bit for bit (losses, gradient norms, final
-  parameters);
+* a 2BW (and a PipeDream) run checkpointing (draining) every 4 steps, killed inside step 10 and
+  resumed, equals the same run uninterrupted, with the same drains, bit for bit (losses, gradient
+  norms, final parameters);
 * a 2BW run draining after every step is synchronous training: each batch computes on the
   current weights (version 0 of its one-step segment) and the update applies its accumulated
   gradient, which is 1F1B's gradient accumulation. With clipping off (2BW clips each stage by its
@@ -52,8 +52,10 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_killed_and_resumed_2bw_run_equals_the_uninterrupted_one_with_the_same_drains(tmp_path: Path) -> None:
-    common = ["--schedule", "2bw", "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
+@pytest.mark.parametrize("schedule", ["2bw", "pipedream"])
+def test_killed_and_resumed_async_run_equals_the_uninterrupted_one_with_the_same_drains(tmp_path: Path,
+                                                                                         schedule: str) -> None:
+    common = ["--schedule", schedule, "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
     ref = _train(*common, "--checkpoint-dir", str(tmp_path / "ref"), "--metrics", str(tmp_path / "ref.jsonl"),
                  "--save-final", str(tmp_path / "ref.pt"))
     assert ref.returncode == 0, ref.stderr[-3000:]
