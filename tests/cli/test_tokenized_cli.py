@@ -74,8 +74,6 @@ CASES = [
     ("train-eval-data-missing", ["train", "--eval-data", "{new}"], "does not exist"),
     ("train-eval-bytes-with-tokens", ["train", "--data", "{cache}", "--vocab", "320", "--eval-data", "{text}"],
      "read as raw bytes"),
-    ("train-eval-async-pipeline", ["train", "--pp", "2", "--schedule", "pipedream", "--nproc", "2",
-                                   "--eval-data", "{text}"], "asynchronous"),
     ("train-eval-image-task", ["train", "--task", "image", "--data", "{dir}", "--eval-data", "{text}"],
      "evaluation covers --task gpt"),
 ]

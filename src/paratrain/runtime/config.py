@@ -202,10 +202,6 @@ def check_eval(config: ParallelConfig, train: TrainConfig) -> None:
     if train.task != "gpt":
         raise ConfigError("--eval-data", f"evaluation covers --task gpt, not --task {train.task}",
                           "drop --eval-data with --task image")
-    if config.pp > 1 and config.schedule.is_async:
-        raise ConfigError("--eval-data", f"{config.schedule.value} runs its steps as asynchronous action lists "
-                          "without a step boundary to evaluate at",
-                          "use a synchronous --schedule (gpipe, 1f1b, interleaved, ...) with --eval-data")
 
 
 def check_sinks(train: TrainConfig) -> None:

@@ -58,6 +58,13 @@ class Evaluator:
         """After every ``every``-th step and after the last one."""
         return step == self.steps - 1 or (self.every is not None and (step + 1) % self.every == 0)
 
+    def next_boundary(self, step: int) -> int | None:
+        """The first step boundary after ``step`` (steps done) where an evaluation is due: where an
+        asynchronous pipeline must drain so that the weights are one state to evaluate."""
+        due = [self.steps] + ([(step // self.every + 1) * self.every] if self.every is not None else [])
+        found = [b for b in due if step < b <= self.steps]
+        return min(found) if found else None
+
     def after_step(self, step: int) -> dict[str, float]:
         return self.evaluate() if self.due(step) else {}
 

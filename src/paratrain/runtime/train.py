@@ -182,6 +182,9 @@ class Trainer:
         self.evaluator = None if eval_source is None else Evaluator(
             ctx, self.executor, eval_source, batches=train.num_eval_batches, every=train.eval_every,
             steps=train.steps, autocast=self.autocast)
+        if self.evaluator is not None and getattr(self.executor, "is_async", False):
+            # PipeDream / 2BW: drain where an evaluation is due, so the weights are one state there
+            self.executor.drain_at = self.evaluator.next_boundary
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
 
     def _batch(self, step: int) -> Batch:

@@ -97,7 +97,12 @@ class Checkpointer:
         if getattr(trainer.executor, "is_async", False):
             # PipeDream / 2BW run segments of steps as one action list: drain where a checkpoint
             # (or auto's first decision) is due, so that the step boundary exists and the state is one
-            trainer.executor.drain_at = self.next_boundary
+            other = trainer.executor.drain_at  # an evaluation's drains, if any
+
+            def drain_at(step: int) -> int | None:
+                found = [b for b in (self.next_boundary(step), other(step) if other else None) if b is not None]
+                return min(found) if found else None
+            trainer.executor.drain_at = drain_at
 
     # ----- resume ---------------------------------------------------------------------------------
     def restore(self) -> int:
