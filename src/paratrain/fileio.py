@@ -4,21 +4,23 @@ A write goes to a temporary file in the target's directory, is flushed and fsync
 over the target (``os.replace``, atomic on POSIX within one file system). A crash, a SIGKILL or a
 full disk therefore leaves either the old file or the new one, never a truncated mix. Failures are
 :class:`~paratrain.errors.ConfigError` lines naming the flag or field the path came from.
+:func:`json_lines` reads back the JSON-lines files paratrain writes (metrics, comm logs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from paratrain.errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_png", "atomic_write_text", "atomic_writer",
-           "check_distinct_paths", "check_output_path"]
+           "check_distinct_paths", "check_output_path", "json_lines"]
 
 
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
@@ -182,6 +184,24 @@ def atomic_write_png(path: str | os.PathLike[str], figure: Any, field: str, *, d
     with atomic_writer(path, field, binary=True) as fh:
         figure.savefig(fh, format="png", dpi=dpi)
     return Path(path)
+
+
+def json_lines(text: str, field: str, fix: str, *,
+               where: Callable[[int], str] = lambda n: f"line {n}") -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines ``text``, blank lines skipped; a line that is not a JSON
+    object is a one-line ConfigError naming it (``where(line number)``) and ``fix``."""
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(field, f"{where(n)} is not JSON ({str(e).splitlines()[0]})", fix) from None
+        if not isinstance(row, dict):
+            raise ConfigError(field, f"{where(n)} is not a JSON object", fix)
+        rows.append(row)
+    return rows
 
 
 def _umask() -> int:

@@ -7,7 +7,6 @@ A run is one metrics file, labelled by its file name (without ``.jsonl``). Rows 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_png
+from paratrain.fileio import atomic_write_png, json_lines
 
 __all__ = ["Curve", "read_curve", "summary", "plot_curves"]
 
@@ -37,20 +36,12 @@ def _rows(path: Path, field: str) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(field, f"cannot read {str(path)!r} ({getattr(e, 'strerror', None) or e})",
                           "give a --metrics file written by paratrain train") from None
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(field, f"{path}:{n} is not JSON ({e.msg})",
-                              "give a --metrics file written by paratrain train (one JSON object per line)") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int) \
-                or not isinstance(row.get("loss"), int | float):
-            raise ConfigError(field, f"{path}:{n} has no integer 'step' and number 'loss'",
+    rows = json_lines(text, field, "give a --metrics file written by paratrain train (one JSON object per line)",
+                      where=lambda n: f"{path}:{n}")
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row.get("step"), int) or not isinstance(row.get("loss"), int | float):
+            raise ConfigError(field, f"{path}: row {n} has no integer 'step' and number 'loss'",
                               "give a --metrics file written by paratrain train")
-        rows.append(row)
     if not rows:
         raise ConfigError(field, f"{path} holds no metrics rows", "give a --metrics file of a run that made steps")
     return rows

@@ -26,7 +26,6 @@ waited on.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paratrain.errors import ConfigError
+from paratrain.fileio import json_lines
 
 if TYPE_CHECKING:
     from paratrain.parallel.config import ParallelConfig
@@ -183,20 +183,8 @@ def characterize(
 
 
 def parse_jsonl(text: str, field: str) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines text (blank lines skipped); ConfigError naming the line."""
-    rows = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(field, f"line {i} is not JSON: {str(e).splitlines()[0]}",
-                              "give the file paratrain train --comm-log wrote") from None
-        if not isinstance(row, dict):
-            raise ConfigError(field, f"line {i} is not a JSON object", "give the file paratrain train --comm-log wrote")
-        rows.append(row)
-    return rows
+    """The JSON objects of a comm log's text (blank lines skipped); ConfigError naming the line."""
+    return json_lines(text, field, "give the file paratrain train --comm-log wrote")
 
 
 def _num(row: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> float | None:
