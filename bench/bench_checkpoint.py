@@ -1,33 +1,40 @@
-"""Step-time overhead of checkpointing: CheckFreq (``--checkpoint-every auto``) against a synchronous
-``torch.save`` of the whole training state every step and DCP ``async_save`` every ``--period``
-steps, on the same trainer, data and process, in one run; then the recovery time (newest
-checkpoint found, verified and loaded, to the end of the first resumed step).
+"""Step-time overhead of checkpointing: CheckFreq (``--checkpoint-every auto``) against no checkpoints,
+measured so that it can decide a 3.5 % bound; then, in the same run, a synchronous ``torch.save`` of
+the whole training state every step, DCP ``async_save`` every ``--period`` steps, and the recovery
+time (newest checkpoint found, verified and loaded, to the end of the first resumed step).
 
-    .venv/bin/python bench/bench_checkpoint.py                          # gpt-tiny, 40 steps
-    .venv/bin/python bench/bench_checkpoint.py --layers 12 --hidden 768 --vocab 32768 --steps 24   # ~100M
+    .venv/bin/python bench/bench_checkpoint.py        # gpt-tiny: 3 pairs of 1000 steps, then sync, dcp, recovery
+    .venv/bin/python bench/bench_checkpoint.py --layers 10 --hidden 768 --vocab 32768 --seq 64 \
+        --global-batch 1 --steps 80 --only auto,recovery                                # ~100M parameters
 
-One process on CPU (gloo, world 1). Each mode trains from the same seed for ``--steps`` steps;
-the figure is the wall time of the step loop (the checkpoint work on the training thread
-included: stalls, the profiling checkpoint of ``auto``, staging of ``async_save``) against the
-loop without checkpoints, in percent; the loop without checkpoints runs again at the end, so a
-drift of the machine shows. The last checkpoint's completion is awaited outside the loop in every
-mode. Target of issue 13: auto <= 3.5 %; the last line says PASS or MISS against it, with the
-load average, since the figure means something only on an otherwise idle machine.
+One process on CPU (gloo, world 1); every run trains the same model from the same seed.
 
-    .venv/bin/python bench/bench_checkpoint.py --steps 400 --only auto --repeat 2   # auto only, twice
+Method. ``--pairs`` pairs of runs, one without checkpoints (A) and one with ``auto`` (B),
+interleaved A B B A A B … (the order alternates, so a machine that drifts steadily slows both
+equally). A step's time is the wall time of ``train_step`` plus the checkpointer's work after it
+(stalls, the start of a snapshot): what the training loop pays. Each run's figure is the mean of
+its steady steps (the first ``--warmup`` steps, allocation and warm-up, excluded; auto's profiling
+checkpoint and every checkpoint after it included). Each pair gives a ratio B/A - 1; the verdict is
+the median of the pairs' ratios, with their spread (min-max), against ``--bound``: a pair that
+something else on the machine disturbed moves the spread, not the median. The verdict counts as
+decided only when every pair falls on the same side of the bound; otherwise the line says so. The same is printed for
+the medians of the per-step times, which leave out the steps a checkpoint stalls and so show the
+steps *beside* a write; the verdict uses the means, which count everything.
 
-``--repeat R`` alternates R loops without checkpoints and R with auto (the verdict compares the
-fastest of each, the loops least disturbed by anything else on the machine); ``--only`` picks
-modes (write, auto, sync, dcp, recovery).
-``write`` (not in the default) times the phases of one checkpoint write on the training thread
-(copy, DCP save with and without fsync, marker with checksums, pruning) and the step time while a
-writer thread writes checkpoints back to back, against clean steps: where ``auto``'s cost comes from.
+Work, not only wall: the CPU seconds of the training process (``getrusage``, all its threads) in
+each run, and those of the writer process (the persist phase, :mod:`paratrain.runtime.checkpoint.writer`),
+so the report says what a checkpoint costs in CPU.
+
+``--only`` picks modes (auto, sync, dcp, recovery, write). ``write`` (not in the default) times the
+phases of one checkpoint write on the training thread (copy, DCP save with and without fsync,
+marker with checksums, pruning) and the step time while a writer *thread* writes back to back.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -54,13 +61,21 @@ def _trainer(ctx, spec, args, steps: int | None = None, **train) -> Trainer:
     return Trainer(ctx, spec, cfg)
 
 
-def _loop(trainer: Trainer, after=None, start: int = 0) -> float:
-    t0 = time.perf_counter()
+def _loop(trainer: Trainer, after=None, start: int = 0) -> list[float]:
+    """Each step's wall time, the ``after`` hook (the checkpointer's work) included."""
+    times = []
     for step in range(start, trainer.train.steps):
+        t0 = time.perf_counter()
         row = trainer.train_step(step)
         if after is not None:
             after(step, row)
-    return time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _write_phases(ctx, spec, args, root: Path) -> None:
@@ -114,6 +129,46 @@ def _write_phases(ctx, spec, args, root: Path) -> None:
           "what a background write costs the steps it overlaps")
 
 
+def _baseline_run(ctx, spec, args) -> dict:
+    c0 = _cpu_s()
+    times = _loop(_trainer(ctx, spec, args))
+    return {"times": times, "cpu_s": _cpu_s() - c0}
+
+
+def _auto_run(ctx, spec, args, ck_dir: Path) -> dict:
+    """CheckFreq as ``paratrain train`` runs it: the loop's own Checkpointer (snapshot overlapped,
+    persist in the writer process, ``k`` tuned); the last checkpoint is awaited outside the loop."""
+    shutil.rmtree(ck_dir, ignore_errors=True)
+    tr = _trainer(ctx, spec, args, checkpoint_dir=str(ck_dir), checkpoint_every="auto", keep=1,
+                  checkpoint_overhead=args.bound)
+    lines: list[str] = []
+    ck = Checkpointer(tr, lines.append)
+    ck.begin()  # waits for the writer process to have started: outside the timed loop
+    stalls: list[float] = []
+
+    def after(step: int, row: dict) -> None:
+        stalls.append(ck.after_step(step, row).get("checkpoint_stall_s", 0.0))
+
+    c0 = _cpu_s()
+    times = _loop(tr, after)
+    cpu = _cpu_s() - c0
+    ck.finish(args.steps)
+    taken = [s for s in ck.saved if s < args.steps]
+    files = [f for f in ck_dir.rglob("*") if f.is_file()]
+    return {"times": times, "cpu_s": cpu, "writer_cpu_s": ck.writer_cpu_s, "taken": taken, "k": ck.interval,
+            "size_bytes": sum(f.stat().st_size for f in files) / max(1, len(list(ck_dir.iterdir()))),
+            "stall_s": sum(stalls), "lines": [x for x in lines if x.startswith("checkpoint interval")]}
+
+
+def _ratios(pairs: list[tuple[dict, dict]], stat, warmup: int) -> list[float]:
+    return [stat(b["times"][warmup:]) / stat(a["times"][warmup:]) - 1 for a, b in pairs]
+
+
+def _pct(xs: list[float]) -> str:
+    return f"{100 * statistics.median(xs):+.1f}% (pairs {', '.join(f'{100 * x:+.1f}%' for x in xs)}; " \
+           f"spread {100 * min(xs):+.1f}% to {100 * max(xs):+.1f}%)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt-tiny")
@@ -122,11 +177,12 @@ def main() -> None:
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--global-batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--period", type=int, default=10, help="steps between DCP async_save checkpoints")
+    ap.add_argument("--steps", type=int, default=1000, help="steps of every run")
+    ap.add_argument("--pairs", type=int, default=3, help="pairs of runs without and with auto checkpoints")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run left out of its figure")
+    ap.add_argument("--period", type=int, default=50, help="steps between DCP async_save checkpoints")
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
     ap.add_argument("--only", default="auto,sync,dcp,recovery", help="modes, comma-separated (write: phase times)")
-    ap.add_argument("--repeat", type=int, default=1, help="alternate this many baseline and auto loops")
     ap.add_argument("--bound", type=float, default=0.035, help="auto's bound, and the PASS/MISS line's")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures as they come
@@ -134,8 +190,9 @@ def main() -> None:
     spec = preset(args.model).with_overrides(layers=args.layers, hidden=args.hidden, vocab=args.vocab, seq=args.seq)
     ctx = init_runtime(ParallelConfig(global_batch=args.global_batch, microbatch=1), timeout_s=600)
     root = Path(args.dir or tempfile.mkdtemp(prefix="bench_ckpt_"))
+    w = args.warmup
     print(f"{spec.name} ({spec.layers} layers, hidden {spec.hidden}, vocab {spec.vocab}): "
-          f"{spec.param_count():,} parameters, {args.steps} steps, global batch {args.global_batch}, "
+          f"{spec.param_count():,} parameters, {args.steps} steps a run, global batch {args.global_batch}, "
           f"seq {spec.seq}, {torch.get_num_threads()} threads; checkpoints in {root}")
 
     modes = set(args.only.split(","))
@@ -147,42 +204,60 @@ def main() -> None:
             dist.destroy_process_group()
             return
     load_before = os.getloadavg()[0]
-    bases: list[float] = []
-    autos: list[float] = []
-    base_s = _loop(_trainer(ctx, spec, args))
-    bases.append(base_s)
-    print(f"  no checkpoints            {base_s:8.2f} s  ({base_s / args.steps:.3f} s/step)")
-
-    def report(name: str, secs: float, note: str) -> None:
-        print(f"  {name:<25} {secs:8.2f} s  overhead {100 * (secs - base_s) / base_s:+6.1f}%  {note}")
-
+    bases: list[dict] = []
+    pairs: list[tuple[dict, dict]] = []
     ck_dir = root / "auto"
-    for r in range(args.repeat if "auto" in modes else 0):
-        if r:
-            again = _loop(_trainer(ctx, spec, args))
-            bases.append(again)
-            print(f"  no checkpoints            {again:8.2f} s  (repeat {r + 1})")
-        # CheckFreq: the loop's own Checkpointer (snapshot overlapped, persist in the background, auto k)
-        shutil.rmtree(ck_dir, ignore_errors=True)
-        tr = _trainer(ctx, spec, args, checkpoint_dir=str(ck_dir), checkpoint_every="auto", keep=1,
-                      checkpoint_overhead=args.bound)
-        lines: list[str] = []
-        ck = Checkpointer(tr, lines.append)
-        ck.begin()
-        stalls: list[float] = []
-        def after(step: int, row: dict, ck: Checkpointer = ck, stalls: list[float] = stalls) -> None:
-            stalls.append(ck.after_step(step, row).get("checkpoint_stall_s", 0.0))
 
-        secs = _loop(tr, after)
-        ck.finish(args.steps)  # the last step's checkpoint, awaited outside the timed loop
-        autos.append(secs)
-        size = sum(f.stat().st_size for f in ck_dir.rglob("*") if f.is_file()) / max(1, len(list(ck_dir.iterdir())))
-        taken = [s for s in ck.saved if s < args.steps]
-        report("auto (CheckFreq)", secs, f"checkpoints at {taken}, k={ck.interval}, {size / 2**20:.1f} MiB each; "
-               f"training thread on checkpoints {sum(stalls):.2f} s")
-        for line in lines:
-            if line.startswith("checkpoint interval"):
-                print(f"      {line}")
+    def show(name: str, r: dict, note: str = "") -> None:
+        t = r["times"][w:]
+        print(f"  {name:<22} mean {1e3 * statistics.mean(t):7.2f} ms/step  median {1e3 * statistics.median(t):7.2f}"
+              f"  training process CPU {r['cpu_s']:6.2f} s{note}")
+
+    for i in range(args.pairs if "auto" in modes else 0):
+        order = ("base", "auto") if i % 2 == 0 else ("auto", "base")
+        got: dict[str, dict] = {}
+        for which in order:
+            if which == "base":
+                got["base"] = _baseline_run(ctx, spec, args)
+                show(f"pair {i + 1} no checkpoints", got["base"])
+            else:
+                r = got["auto"] = _auto_run(ctx, spec, args, ck_dir)
+                show(f"pair {i + 1} auto", r, f", writer CPU {r['writer_cpu_s']:.2f} s; checkpoints at {r['taken']}, "
+                     f"k={r['k']}, {r['size_bytes'] / 2**20:.1f} MiB each, loop on checkpoints {r['stall_s']:.2f} s")
+        bases.append(got["base"])
+        pairs.append((got["base"], got["auto"]))
+
+    if pairs:
+        means = _ratios(pairs, statistics.mean, w)
+        print(f"  auto vs none, mean step (everything counted):   {_pct(means)}")
+        print(f"  auto vs none, median step (steps beside writes): {_pct(_ratios(pairs, statistics.median, w))}")
+        steps = args.steps
+        n_ck = [len(b["taken"]) + 1 for _, b in pairs]  # the final checkpoint is written by the writer too
+        extra_cpu = [(b["cpu_s"] - a["cpu_s"]) for a, b in pairs]
+        writer = [b["writer_cpu_s"] for _, b in pairs]
+        print(f"  CPU: training process {1e3 * statistics.median([a['cpu_s'] for a, _ in pairs]) / steps:.2f} ms/step "
+              f"without checkpoints, {1e3 * statistics.median(extra_cpu) / steps:+.2f} ms/step with auto "
+              f"(median over pairs); writer process {statistics.median(writer):.2f} s a run, "
+              f"{statistics.median([wc / n for wc, n in zip(writer, n_ck, strict=True)]):.3f} s a checkpoint")
+        over = statistics.median(means)
+        verdict = "PASS" if over <= args.bound else "MISS"
+        # decided only when every pair is on the same side of the bound: otherwise the machine's
+        # noise is larger than the difference the verdict is about
+        same_side = max(means) <= args.bound or min(means) > args.bound
+        decided = (f"decided: all {len(means)} pairs on the same side" if same_side else
+                   "NOT decided: pairs on both sides of the bound (noise larger than the effect; run again on an "
+                   "idle machine or with more --pairs)")
+        print(f"  auto overhead {100 * over:+.1f}% (median of {len(means)} paired ratios of mean step time, spread "
+              f"{100 * min(means):+.1f}% to {100 * max(means):+.1f}%) against the bound {100 * args.bound:g}%: "
+              f"{verdict}, {decided} (load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, "
+              f"{os.cpu_count()} cores)")
+
+    base_step = statistics.median([statistics.mean(b["times"][w:]) for b in bases]) if bases else None
+
+    def report(name: str, times: list[float], note: str) -> None:
+        m = statistics.mean(times[w:])
+        rel = f"  overhead {100 * (m / base_step - 1):+7.1f}%" if base_step else ""
+        print(f"  {name:<25} mean {1e3 * m:8.2f} ms/step{rel}  {note}")
 
     # synchronous torch.save of the whole state every step (fsynced)
     tr = _trainer(ctx, spec, args) if "sync" in modes else None
@@ -198,7 +273,7 @@ def main() -> None:
     if tr is not None:
         report("torch.save every step", _loop(tr, save_sync), "synchronous, fsynced")
 
-    # DCP async_save every --period steps (staging on the training thread, upload in the background)
+    # DCP async_save every --period steps (staging on the training thread, upload in a background thread)
     tr = _trainer(ctx, spec, args) if "dcp" in modes else None
     group = dist.new_group(backend="gloo")
     pending: list = []
@@ -215,28 +290,13 @@ def main() -> None:
         blocked.append(time.perf_counter() - t0)
 
     if tr is not None:
-        secs = _loop(tr, save_async)
+        times = _loop(tr, save_async)
         if pending:
             pending.pop().result()
-        report(f"DCP async_save every {args.period}", secs,
+        report(f"DCP async_save every {args.period}", times,
                f"one in flight (defaults); training thread blocked {sum(blocked):.2f} s in {len(blocked)} saves")
 
-    # the baseline again: a drift of the machine over the run shows as a difference between the two
-    again_s = _loop(_trainer(ctx, spec, args))
-    bases.append(again_s)
-    report("no checkpoints, again", again_s, "(same as the first line on a steady machine)")
-    if autos:
-        # the fastest auto loop against the fastest baseline loop: on a machine that others load
-        # now and then, the fastest of several loops is the one least disturbed
-        over = (min(autos) - min(bases)) / min(bases)
-        verdict = "PASS" if over <= args.bound else "MISS"
-        paired = ", ".join(f"{100 * (a - b) / b:+.1f}%" for a, b in zip(autos, bases, strict=False))
-        print(f"  auto overhead {100 * over:+.1f}% of step time (best of {len(autos)} auto and {len(bases)} baseline "
-              f"loops; each auto loop against the baseline loop before it: {paired}) against the bound "
-              f"{100 * args.bound:g}%: {verdict} (load average {load_before:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after, {os.cpu_count()} cores: meaningful on an idle machine only)")
-
-    if "recovery" not in modes or not autos:
+    if "recovery" not in modes or not pairs:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
         dist.destroy_process_group()
@@ -244,14 +304,17 @@ def main() -> None:
     # recovery: newest checkpoint found, verified and loaded, then the first resumed step (one more
     # step than the run had, so there is one to resume)
     tr = _trainer(ctx, spec, args, steps=args.steps + 1, checkpoint_dir=str(ck_dir), resume=True, keep=1)
+    ts = time.perf_counter()
     ck = Checkpointer(tr, lambda s: None)
+    ck.writer.wait_ready()  # its start overlaps the load in a real resume; timed apart here
     t0 = time.perf_counter()
     first = ck.restore()
     t1 = time.perf_counter()
     tr.train_step(first)
     t2 = time.perf_counter()
+    ck.close()
     print(f"  recovery: load {t1 - t0:.3f} s (find, verify checksums, load), first resumed step {t2 - t1:.3f} s, "
-          f"total {t2 - t0:.3f} s")
+          f"total {t2 - t0:.3f} s; the writer process's start {t0 - ts:.2f} s")
     if args.dir is None:
         shutil.rmtree(root, ignore_errors=True)
     dist.destroy_process_group()

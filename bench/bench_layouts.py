@@ -9,13 +9,16 @@ Measured: the median step time over the steps after the first. No fit to the run
 
 Model: GPT, 8 layers, hidden 256, 4 heads, sequence 128, vocabulary 256, fp32; global batch 32 in
 micro-batches of 2 (``--global-batch``, ``--microbatch``): 16 micro-batches keep the pipelines'
-bubbles small. On a machine with fewer cores than processes a process idle in a bubble gives its
-core to the others, which the simulator does not model. Layouts mix data, tensor (with and without
-sequence parallelism) and pipeline parallelism and pipeline schedules (``--layouts`` picks some).
+bubbles small. On a machine with fewer cores than processes a process idle in a bubble or a
+communication wait gives its core to the others: the calibration records the cores it ran on and
+stores per-core rates, and the simulator shares the cores among the processes computing at each
+instant (:mod:`paratrain.sim.sharing`). Layouts mix data, tensor (with and without sequence
+parallelism) and pipeline parallelism and pipeline schedules (``--layouts`` picks some).
 
     .venv/bin/python bench/bench_layouts.py                       # calibrate, run, predict (~5 min)
     .venv/bin/python bench/bench_layouts.py --calibration DIR --steps 3 --layouts dp4,tp4
     .venv/bin/python bench/bench_layouts.py --save-calibration DIR   # keep the calibration it made
+    .venv/bin/python bench/bench_layouts.py --calibration DIR --predict-only   # the predictions alone
 
 Prints one row per layout (predicted s, measured s, error %, predicted and measured rank) and a
 verdict against the issue's targets (every layout within 15 %, the same ranking). Meaningful only
@@ -103,6 +106,36 @@ def _ranks(values: list[float]) -> list[int]:
     return rank
 
 
+def _predicted(a: argparse.Namespace, cluster, names: list[str]) -> list[float]:
+    from paratrain.sim import simulate_config
+
+    return [simulate_config(_spec(a), cluster, _config(a, n), optimizer="torch").iteration_time_s for n in names]
+
+
+def _describe(cluster) -> str:
+    dev = cluster.device
+    cores = (f"{cluster.cores_per_node} cores shared by 4 processes of {cluster.threads_per_process} thread(s), "
+             f"per-core " if cluster.cores_per_node else "cores not recorded (no sharing modelled), ")
+    return (f"calibration: {cores}GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s, kernel "
+            f"{dev.kernel_overhead_s * 1e6:.1f} us, DTensor dispatch {dev.tp_dispatch_forward_s * 1e6:.0f} + "
+            f"{dev.tp_dispatch_backward_s * 1e6:.0f} us per module, {len(cluster.measured_collectives)} "
+            f"tensor-parallel collectives measured")
+
+
+def _predict_only(a: argparse.Namespace) -> None:
+    """The predictions of an existing calibration, without training: for iterating on the model."""
+    os.environ["PARATRAIN_CACHE"] = str(a.calibration)
+    from paratrain.spec.cluster import resolve_cluster
+
+    cluster = resolve_cluster("cpu", "--cluster", gpus=4)
+    names = a.layouts.split(",")
+    predicted = _predicted(a, cluster, names)
+    print(_describe(cluster))
+    print(f"{'layout':<18}{'predicted s':>12}{'rank pred':>11}")
+    for n, ps, rp in zip(names, predicted, _ranks(predicted), strict=True):
+        print(f"{n:<18}{ps:>12.3f}{rp:>11}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calibration", help="PARATRAIN_CACHE directory with cpu.json and cpu-cluster.json "
@@ -110,6 +143,8 @@ def main() -> None:
     p.add_argument("--save-calibration", help="copy the calibration made here to this directory (a PARATRAIN_CACHE "
                    "for --calibration)")
     p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated, of: " + ", ".join(LAYOUTS))
+    p.add_argument("--predict-only", action="store_true", help="print the predictions of --calibration's "
+                   "calibration without training (no measured column, no verdict)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256)
@@ -127,6 +162,11 @@ def main() -> None:
     unknown = [n for n in a.layouts.split(",") if n not in LAYOUTS]
     if unknown:
         p.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
+    if a.predict_only:
+        if not a.calibration:
+            p.error("--predict-only needs --calibration DIR")
+        _predict_only(a)
+        return
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-layouts-") as tmp_name:
@@ -154,14 +194,8 @@ def main() -> None:
         from paratrain.spec.cluster import resolve_cluster
 
         cluster = resolve_cluster("cpu", "--cluster", gpus=4)  # read while the calibration exists
-    from paratrain.sim import simulate_config
-
-    predicted = [simulate_config(_spec(a), cluster, _config(a, n), optimizer="torch").iteration_time_s for n in names]
-    dev = cluster.device
-    print(f"calibration: GEMM {dev.peak_fp32_flops / 1e9:.1f} GFLOP/s, kernel {dev.kernel_overhead_s * 1e6:.1f} us, "
-          f"DTensor dispatch {dev.tp_dispatch_forward_s * 1e6:.0f} + {dev.tp_dispatch_backward_s * 1e6:.0f} us "
-          f"per module, {len(cluster.measured_collectives)} tensor-parallel collectives measured "
-          f"({t1 - t0:.0f} s); runs {t2 - t1:.0f} s")
+    predicted = _predicted(a, cluster, names)
+    print(f"{_describe(cluster)} ({t1 - t0:.0f} s); runs {t2 - t1:.0f} s")
     pr, mr = _ranks(predicted), _ranks(measured)
     print(f"{'layout':<18}{'predicted s':>12}{'measured s':>12}{'error':>9}{'rank pred':>11}{'rank meas':>11}")
     errors = []

@@ -77,7 +77,7 @@ def test_parameters_across_chunks_and_ranks() -> None:
 
 @pytest.mark.parametrize("dp", [1, 4, 64])
 def test_optimizer_sharding_and_reduce_bytes(dp: int) -> None:
-    cfg = ParallelConfig(dp=dp, optimizer_sharding=True, global_batch=dp)
+    cfg = ParallelConfig(dp=dp, sharding="zero1", global_batch=dp)  # optimizer state only
     (c,) = chunk_costs(GPT, resolve_cluster("dgx-a100", nodes=8), cfg)
     p = GPT.param_count()
     assert c.optimizer_bytes == -(-12 * p // dp)

@@ -4,11 +4,12 @@ One launch of 2 processes (tests/runtime/checkpoint_harness.py), gpt-tiny in flo
 uninterrupted dp=2 run of 8 steps is the reference; a second dp=2 run checkpoints every 4 steps;
 its step-4 checkpoint (the newer ones dropped, as if the job died after it) is resumed under
 tp=2, under pp=2 (1F1B) and under FSDP2 (parameters and AdamW state sharded over dp), each
-checkpointing again at step 6 (a snapshot overlapping a step of that layout). Every
-resumed step's loss must equal the reference's within the float64 layout tolerance of the layout
-equivalence tests (rtol 1e-9: the layouts round differently only in the last bits), and so must
-the final parameters. The checkpoint itself is exact: the uninterrupted run with checkpointing
-must reproduce the reference bit for bit.
+checkpointing again at step 6 (a snapshot overlapping a step of that layout). The step-6
+checkpoints of tp=2 and FSDP2, whose state is DTensors that the writer process saves as pieces at
+their offsets, are resumed under dp=2 in turn. Every resumed step's loss must equal the reference's
+within the float64 layout tolerance of the layout equivalence tests (rtol 1e-9: the layouts
+round differently only in the last bits), and so must the final parameters. The checkpoint
+itself is exact: the uninterrupted run with checkpointing must reproduce the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list
         resumed("tp2", {"tp": 2}),
         resumed("pp2", {"pp": 2, "schedule": "1f1b"}),
         resumed("fsdp", {"dp": 2, "optimizer_sharding": True}, dp_impl="fsdp"),
+        # back from DTensor pieces: their step-6 checkpoints (the final step 8 dropped) under dp=2
+        {**resumed("from_tp2", {"dp": 2}), "copy_from": str(out / "tp2"), "drop_steps": [f"step_{STEPS:08d}"]},
+        {**resumed("from_fsdp", {"dp": 2}), "copy_from": str(out / "fsdp"), "drop_steps": [f"step_{STEPS:08d}"]},
     ]
     spec = out / "runs.json"
     spec.write_text(json.dumps({"out": str(out), "runs": plan}))
@@ -86,3 +90,15 @@ def test_resumed_under_another_layout_continues_the_same_training(runs, layout: 
     for name in ref:
         torch.testing.assert_close(final[name], ref[name], rtol=RTOL, atol=1e-12)
     assert [r.get("checkpoint_step") for r in got] == [None, 6, None, None]
+
+
+@pytest.mark.parametrize("layout", ["tp2", "fsdp"])
+def test_dtensor_pieces_written_by_the_writer_process_load_under_another_layout(runs, layout: str) -> None:
+    out, rows = runs
+    got = rows[f"from_{layout}"]
+    assert [r["step"] for r in got] == [6, 7]
+    want = [r["loss"] for r in rows["ref"][6:]]
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in got]), torch.tensor(want), rtol=RTOL, atol=0)
+    final, ref = torch.load(out / f"from_{layout}.pt", weights_only=True), torch.load(out / "ref.pt", weights_only=True)
+    for name in ref:
+        torch.testing.assert_close(final[name], ref[name], rtol=RTOL, atol=1e-12)

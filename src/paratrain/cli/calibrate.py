@@ -120,6 +120,34 @@ def _fit_from_comm_table(links: Path, table_path: Path, json_out: bool) -> None:
           f"{doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s ({doc['comm_fit_backend']} send/recv); wrote {links}")
 
 
+def _calibrate_gpu(preset: str, out: Path | None, json_out: bool) -> None:
+    """``--gpu PRESET``: the preset's GEMM, memory and attention efficiencies measured on this
+    machine's CUDA device (:mod:`paratrain.runtime.gpu_calibrate`), stored beside the CPU's."""
+    from paratrain.runtime import gpu_calibrate
+    from paratrain.spec.device import resolve_device
+
+    device = resolve_device(preset, "--gpu")
+    if device.peak_bf16_flops <= 0:
+        raise ConfigError("--gpu", f"{device.name} has no bf16 tensor cores to measure", "give a GPU preset, e.g. h100")
+    target = out if out is not None else gpu_calibrate.measured_calibration_path(device.name)
+    check_output_path(target, "--out")
+    if not gpu_calibrate.cuda_available():
+        raise ConfigError("--gpu", "no CUDA device is visible to torch", "run it on the GPU machine")
+    t0 = time.perf_counter()
+    measured = gpu_calibrate.measure_gpu()
+    doc = {**gpu_calibrate.efficiencies(measured, device), "measured": measured}
+    atomic_write_text(target, json.dumps(doc, indent=2) + "\n", "--out")
+    if json_out:
+        print_json({"path": str(target), **doc, "seconds": time.perf_counter() - t0})
+        return
+    print(f"{measured['torch_device']} measured as {device.name} ({measured['dtype']}):")
+    for g in doc["gemm_by_shape"]:
+        print(f"  GEMM {g['m']}x{g['n']}x{g['k']}: {g['flops_per_s'] / 1e12:.1f} TFLOP/s, efficiency "
+              f"{g['efficiency']:.3f}")
+    print(f"gemm_efficiency {doc['gemm_efficiency']:.3f} (median), memory_efficiency {doc['memory_efficiency']:.3f}, "
+          f"attention_efficiency {doc['attention_efficiency']:.3f}; wrote {target}")
+
+
 def _kib(n: int) -> str:
     return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
 
@@ -137,8 +165,16 @@ def calibrate(
     comm_table: Annotated[Path | None, typer.Option(
         "--comm-table", help="A table from `paratrain comm tune`: fit the cpu cluster's link alpha-beta to its "
         "send/recv times (and store the per-operation fits) instead of measuring anything.")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="Measure this machine's CUDA GPU (GEMMs, memory bandwidth, fused attention) as the named "
+        "device preset, e.g. h100, and store its efficiencies; `--calibration measured` applies them.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
+    if gpu is not None:
+        if from_trace or comm_table is not None or threads is not None:
+            raise ConfigError("--gpu", "measures the GPU alone", "drop --from-trace/--comm-table/--threads")
+        _calibrate_gpu(gpu, out, json_out)
+        return
     target = out if out is not None else cpu_calibration_path()
     if comm_table is not None:
         if from_trace or threads is not None:
@@ -184,7 +220,7 @@ def calibrate(
     device = device_from_measurement(m)
     cluster_doc = (
         links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads,
-                       comm.get("measured_collectives", ()))
+                       comm.get("measured_collectives", ()), cores=int(m.get("cores", 0)))
         if comm is not None else None
     )
     atomic_write_text(target, json.dumps(device.to_dict(), indent=2) + "\n", "--out")
@@ -215,6 +251,10 @@ def calibrate(
     print(f"duration variation (std / mean of a {VARIATION_SHAPE[0]}x{VARIATION_SHAPE[1]}x{VARIATION_SHAPE[2]} MLP "
           f"forward + backward, back to back): {device.duration_cv:.3f}")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")
+    if m.get("cores"):
+        share = min(1.0, m["cores"] / (procs * threads))
+        print(f"cores: {m['cores']}; {procs} x {threads} thread(s) measuring at once got {share:.2f} of a core each: "
+              f"stored per core (GEMM {device.peak_fp32_flops / 1e9:.1f} GFLOP/s), shared again by the simulator")
     if cluster_doc is not None:
         sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e6:.0f} us" for k, v in cluster_doc["p2p_s_by_bytes"].items())
         print(f"gloo p2p over loopback (one way): {sizes}")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar, cast
 import typer
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig
+from paratrain.parallel.config import ParallelConfig, sharding_level
 from paratrain.spec.cluster import ClusterSpec, resolve_cluster
 from paratrain.spec.device import DeviceSpec, resolve_device
 from paratrain.spec.model import ModelSpec, resolve_model
@@ -35,6 +35,7 @@ __all__ = [
     "DpOpt",
     "TpOpt",
     "PpOpt",
+    "CpOpt",
     "MicrobatchOpt",
     "GlobalBatchOpt",
     "ScheduleOpt",
@@ -92,7 +93,8 @@ CalibrationOpt = Annotated[
     typer.Option(
         "--calibration",
         help="Efficiencies applied to the cluster. Default: the device's fitted calibration (fitted-a100, "
-        "fitted-h100: paratrain validate all); none: the presets as they are; vtrain-a100: fitted on vTrain alone.",
+        "fitted-h100: paratrain validate all); none: the presets as they are; vtrain-a100: fitted on vTrain alone; "
+        "measured: the GPU's kernel rates from `paratrain calibrate --gpu`.",
         rich_help_panel=_C,
     ),
 ]
@@ -104,6 +106,11 @@ _P = "Parallel layout"
 DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree.", rich_help_panel=_P)]
 TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_P)]
 PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)]
+CpOpt = Annotated[
+    int | None,
+    typer.Option("--cp", help="Context-parallel degree (ring attention over sequence chunks; planned and "
+                 "simulated, not run).", rich_help_panel=_P),
+]
 MicrobatchOpt = Annotated[
     int | None, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)
 ]
@@ -141,7 +148,16 @@ OptimizerShardingOpt = Annotated[
     bool | None,
     typer.Option(
         "--optimizer-sharding/--no-optimizer-sharding",
-        help="Shard the optimizer state over dp (the cost model charges ZeRO-1; train runs FSDP2).",
+        help="Former switch of --sharding: on = zero2 (FSDP2 as train runs it), off = none.",
+        rich_help_panel=_P,
+    ),
+]
+ShardingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sharding",
+        help="Sharded data parallelism over dp: none, zero1 (optimizer state), zero2 (+ gradients), zero3 or "
+        "fsdp (+ parameters). plan: searched when not given.",
         rich_help_panel=_P,
     ),
 ]
@@ -170,12 +186,22 @@ AttentionOpt = Annotated[
         rich_help_panel=_P,
     ),
 ]
+GemmDtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gemm-dtype",
+        help="Linear layers' GEMMs: fp8 (current scaling, torchao Float8), fp8-delayed (Transformer Engine's "
+        "delayed scaling); default: the training dtype. FP8 needs FP8 tensor cores (H100, H200).",
+        rich_help_panel=_P,
+    ),
+]
 
 # The flag that sets each field the library names in a ConfigError.
 FIELD_FLAGS: dict[str, str] = {
     "dp": "--dp",
     "tp": "--tp",
     "pp": "--pp",
+    "cp": "--cp",
     "microbatch": "--microbatch",
     "global_batch": "--global-batch",
     "schedule": "--schedule",
@@ -183,11 +209,13 @@ FIELD_FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "sequence_parallel": "--sequence-parallel",
     "optimizer_sharding": "--optimizer-sharding",
+    "sharding": "--sharding",
     "compression": "--compress",
     "compression_density": "--density",
     "mesh_order": "--mesh-order",
     "partition": "--partition",
     "attention": "--attention",
+    "gemm_dtype": "--gemm-dtype",
     "cluster.gpus": "--gpus",
     "cluster.nodes": "--nodes",
     "sweep": "--sweep",
@@ -255,9 +283,19 @@ def apply_calibration(cluster: ClusterSpec, name: str | None) -> ClusterSpec:
         return cluster if fitted is None else with_calibration(cluster, fitted)
     if name == "none":
         return cluster
+    if name == "measured":  # `paratrain calibrate --gpu`: the measured kernel rates over the fitted calibration
+        import dataclasses
+
+        from paratrain.runtime.gpu_calibrate import load_measured
+
+        measured = load_measured(cluster.device.name)
+        fitted = FITTED_BY_DEVICE.get(cluster.device.name)
+        base = cluster if fitted is None else with_calibration(cluster, fitted)
+        return dataclasses.replace(base, device=dataclasses.replace(base.device, **measured))
     if name not in CALIBRATIONS:
         raise ConfigError(
-            "--calibration", f"unknown calibration {name!r}", f"use one of: none, {', '.join(CALIBRATIONS)}"
+            "--calibration", f"unknown calibration {name!r}",
+            f"use one of: none, measured, {', '.join(CALIBRATIONS)}",
         )
     return with_calibration(cluster, CALIBRATIONS[name])
 
@@ -303,6 +341,9 @@ def parallel_from_opts(
     partition: str | None = None,
     dtype: str | None = None,
     attention: str | None = None,
+    cp: int | None = None,
+    sharding: str | None = None,
+    gemm_dtype: str | None = None,
 ) -> ParallelConfig:
     """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
     if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
@@ -323,7 +364,14 @@ def parallel_from_opts(
         partition=parse_ints("--partition", partition),
         dtype=dtype,
         attention=attention,
+        cp=cp,
+        sharding=sharding,
+        gemm_dtype=gemm_dtype,
     )
+    if sharding is not None and optimizer_sharding is not None and (
+            sharding_level(sharding, "--sharding") != "none") != optimizer_sharding:
+        raise ConfigError("--sharding", f"{sharding} contradicts --{'' if optimizer_sharding else 'no-'}"
+                          "optimizer-sharding", "give --sharding alone")
     given = {k: v for k, v in kw.items() if v is not None}
     if base is not None:
         return base.with_overrides(**given)

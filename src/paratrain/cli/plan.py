@@ -19,10 +19,12 @@ from paratrain.cli.options import (
     AttentionOpt,
     CalibrationOpt,
     ClusterOpt,
+    CpOpt,
     DensityOpt,
     DeviceOpt,
     DpOpt,
     FfnOpt,
+    GemmDtypeOpt,
     GlobalBatchOpt,
     GpusOpt,
     HeadsOpt,
@@ -41,6 +43,7 @@ from paratrain.cli.options import (
     ScheduleOpt,
     SeqOpt,
     SequenceParallelOpt,
+    ShardingOpt,
     TpOpt,
     VirtualStagesOpt,
     VocabOpt,
@@ -123,16 +126,17 @@ def _layout_cells(row: dict[str, Any]) -> tuple[str, ...]:
         str(row["dp"]),
         str(row["tp"]),
         str(row["pp"]),
+        str(row["cp"]),
         str(row["microbatch"]),
         row["schedule"] + (f"(v={v})" if v > 1 else ""),
         row["recompute"],
         "y" if row["sequence_parallel"] else "n",
-        "y" if row["optimizer_sharding"] else "n",
+        "n" if row["sharding"] == "none" else row["sharding"].removeprefix("zero"),
         ",".join(row["mesh_order"]),
     )
 
 
-_LAYOUT_COLS = ("dp", "tp", "pp", "mb", "schedule", "recomp", "sp", "zero", "mesh")
+_LAYOUT_COLS = ("dp", "tp", "pp", "cp", "mb", "schedule", "recomp", "sp", "zero", "mesh")
 
 
 def print_ranking(console: Console, result: PlanResult, top: int) -> None:
@@ -207,17 +211,20 @@ def plan_command(
     dp: DpOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
+    cp: CpOpt = None,
     microbatch: MicrobatchOpt = None,
     schedule: ScheduleOpt = None,
     virtual_stages: VirtualStagesOpt = None,
     recompute: RecomputeOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    sharding: ShardingOpt = None,
     compress: Annotated[str | None, typer.Option("--compress", help="Also weigh this gradient compressor "
                         "(oktopk, topka, gtopk, gaussiank, powersgd) against dense all-reduce where dp > 1.",
                         rich_help_panel=_S)] = None,
     density: DensityOpt = None,
     attention: AttentionOpt = None,
+    gemm_dtype: GemmDtypeOpt = None,
     mesh_order: MeshOrderOpt = None,
     partition: PartitionOpt = None,
     schedules: Annotated[
@@ -298,17 +305,20 @@ def plan_command(
         dp=dp,
         tp=tp,
         pp=pp,
+        cp=cp,
         microbatch=microbatch,
         schedule=_enum(ScheduleName, "--schedule", schedule),
         virtual_stages=virtual_stages,
         recompute=_enum(Recompute, "--recompute", recompute),
         sequence_parallel=sequence_parallel,
         optimizer_sharding=optimizer_sharding,
+        sharding=sharding,
         mesh_order=parse_mesh_order(mesh_order),
         partition=parse_ints("--partition", partition),
         schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
         tp_across_nodes=tp_across_nodes,
         attention=attention,
+        gemm_dtype=gemm_dtype,
         compressions=_compressions(compress, density),
         compression_density=density if density is not None else 0.01,
     )

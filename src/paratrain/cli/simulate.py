@@ -22,10 +22,12 @@ from paratrain.cli.options import (
     AttentionOpt,
     CalibrationOpt,
     CompressOpt,
+    CpOpt,
     DensityOpt,
     DeviceOpt,
     DpOpt,
     FfnOpt,
+    GemmDtypeOpt,
     GlobalBatchOpt,
     GpusOpt,
     HeadsOpt,
@@ -41,6 +43,7 @@ from paratrain.cli.options import (
     ScheduleOpt,
     SeqOpt,
     SequenceParallelOpt,
+    ShardingOpt,
     TpOpt,
     VirtualStagesOpt,
     VocabOpt,
@@ -111,6 +114,7 @@ def simulate(
     gpus: GpusOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
+    cp: CpOpt = None,
     dp: DpOpt = None,  # default: GPUs / (tp*pp)
     microbatch: MicrobatchOpt = None,
     global_batch: GlobalBatchOpt = None,
@@ -119,9 +123,11 @@ def simulate(
     recompute: RecomputeOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    sharding: ShardingOpt = None,
     compress: CompressOpt = None,
     density: DensityOpt = None,
     attention: AttentionOpt = None,
+    gemm_dtype: GemmDtypeOpt = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
@@ -173,19 +179,20 @@ def simulate(
 
         require_at_most("--gpus", gpus, MAX_DEVICES, "devices")
     if dp is None and gpus is not None and base is None:
-        t_, p_ = tp or 1, pp or 1
-        if gpus % (t_ * p_):
+        t_, p_, c_ = tp or 1, pp or 1, cp or 1
+        if gpus % (t_ * p_ * c_):
             raise ConfigError(
                 "--gpus",
-                f"{gpus} GPUs are not divisible by tp({t_})*pp({p_}) = {t_ * p_}",
-                "pick tp and pp whose product divides the GPU count",
+                f"{gpus} GPUs are not divisible by tp({t_})*pp({p_})*cp({c_}) = {t_ * p_ * c_}",
+                "pick tp, pp and cp whose product divides the GPU count",
             )
-        dp = gpus // (t_ * p_)
+        dp = gpus // (t_ * p_ * c_)
     cfg = parallel_from_opts(
         base,
         dp=dp,
         tp=tp,
         pp=pp,
+        cp=cp,
         microbatch=microbatch,
         global_batch=global_batch,
         schedule=schedule,
@@ -193,15 +200,17 @@ def simulate(
         recompute=recompute,
         sequence_parallel=sequence_parallel,
         optimizer_sharding=optimizer_sharding,
+        sharding=sharding,
         compression=compress,
         compression_density=density,
         attention=attention,
+        gemm_dtype=gemm_dtype,
     )
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(
             "--gpus",
-            f"dp({cfg.dp})*tp({cfg.tp})*pp({cfg.pp}) = {cfg.world_size} != {gpus} GPUs",
-            "make dp*tp*pp equal the GPU count",
+            f"{cfg.degrees_text} = {cfg.world_size} != {gpus} GPUs",
+            "make dp*tp*pp" + ("*cp" if cfg.cp > 1 else "") + " equal the GPU count",
         )
     if gpus is None and nodes is None:
         gpus = cfg.world_size  # size the cluster to the job
@@ -213,7 +222,7 @@ def simulate(
     if cfg.world_size > clus.num_devices:
         raise ConfigError(
             "dp*tp*pp",
-            f"dp({cfg.dp})*tp({cfg.tp})*pp({cfg.pp}) = {cfg.world_size} exceeds the "
+            f"{cfg.degrees_text} = {cfg.world_size} exceeds the "
             f"{clus.num_devices} devices of the cluster",
             "use more --nodes/--gpus or smaller sizes",
         )
@@ -240,7 +249,7 @@ def simulate(
     if fill is not None:
         from paratrain.sim.fill import fill_kfac_config
 
-        kfac = fill_kfac_config(spec, clus, cfg, method=kfac_inversion)
+        kfac = fill_kfac_config(spec, clus, cfg, method=kfac_inversion, grad_buckets=overlap_grad_reduce)
     if trace is not None:
         from paratrain.trace import write_trace
 
@@ -274,6 +283,8 @@ def simulate(
         "model": spec.name,
         "cluster": clus.name,
         "gpus": cfg.world_size,
+        "cp": cfg.cp,
+        "sharding": cfg.sharding,
         "config": cfg.to_dict(),
         **out,
         "microbatches_per_pipeline": cfg.num_microbatches,
@@ -312,6 +323,7 @@ def _print(out: dict[str, Any], res: Any) -> None:
     c = out["config"]
     con.print(
         f"{out['model']} on {out['gpus']} × {out['cluster']}: dp={c['dp']} tp={c['tp']} pp={c['pp']} "
+        + (f"cp={c['cp']} " if c.get("cp", 1) > 1 else "") +
         f"schedule={c['schedule']} v={c['virtual_stages']} micro-batch={c['microbatch']} "
         f"global batch={c['global_batch']} ({out['microbatches_per_pipeline']} micro-batches per pipeline) "
         f"recompute={c['recompute']}"

@@ -14,6 +14,7 @@ import typer
 
 from paratrain.cli.options import (
     CompressOpt,
+    CpOpt,
     DensityOpt,
     DpOpt,
     FfnOpt,
@@ -29,6 +30,7 @@ from paratrain.cli.options import (
     ScheduleOpt,
     SeqOpt,
     SequenceParallelOpt,
+    ShardingOpt,
     TpOpt,
     VirtualStagesOpt,
     VocabOpt,
@@ -124,16 +126,28 @@ def train(
     dp: DpOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
+    cp: CpOpt = None,
     schedule: ScheduleOpt = None,
     virtual_stages: VirtualStagesOpt = None,
     microbatch: MicrobatchOpt = None,
     global_batch: GlobalBatchOpt = None,
     sequence_parallel: SequenceParallelOpt = None,
     optimizer_sharding: OptimizerShardingOpt = None,
+    sharding: ShardingOpt = None,
     compress: CompressOpt = None,
     density: DensityOpt = None,
     compress_warmup: Annotated[int, typer.Option("--compress-warmup", help="Dense steps before --compress "
                                "starts.", rich_help_panel=_P)] = 5,
+    compress_momentum_correction: Annotated[bool, typer.Option(
+        "--compress-momentum-correction/--no-compress-momentum-correction",
+        help="DGC (Lin et al. 2018): with --optimizer sgd, accumulate the momentum on each rank before "
+             "compression and clip locally.", rich_help_panel=_P)] = False,
+    compress_momentum_masking: Annotated[bool, typer.Option(
+        "--compress-momentum-masking/--no-compress-momentum-masking",
+        help="DGC's momentum factor masking: zero the momentum of sent entries.", rich_help_panel=_P)] = True,
+    compress_density_warmup: Annotated[int, typer.Option(
+        "--compress-density-warmup", help="DGC's warm-up: compressed steps over which the density falls "
+        "exponentially from 25 % to --density (0: none).", rich_help_panel=_P)] = 0,
     dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
                        "overlapped), ddp (torch DDP), fsdp (FSDP2; default with --optimizer-sharding).",
                        rich_help_panel=_P)] = None,
@@ -232,15 +246,21 @@ def train(
     else:
         spec = _model_from_doc(doc_model).with_overrides(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
-    pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, microbatch=microbatch, global_batch=global_batch,
+    pcfg = parallel_from_opts(base, dp=dp, tp=tp, pp=pp, cp=cp, microbatch=microbatch, global_batch=global_batch,
                               optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
                               schedule=schedule, virtual_stages=virtual_stages, compression=compress,
-                              compression_density=density)
+                              compression_density=density, sharding=sharding)
+    from paratrain.runtime.config import check_context_parallel
+
+    check_context_parallel(pcfg)  # before anything else is checked or started: the runtime has no ring attention
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")
     if pcfg.optimizer_sharding and impl != "fsdp":
         raise ConfigError("--dp-impl", f"{impl} does not shard optimizer state", "use --dp-impl fsdp")
+    if pcfg.sharding == "zero1":  # before any worker starts (runtime.train.validate_run says the same)
+        raise ConfigError("--sharding", "zero1 (optimizer state only) is planned and simulated, not run",
+                          "use --sharding zero2 (FSDP2, gradients sharded too) or zero3")
     if nproc is not None and nproc < 1:
         raise ConfigError("--nproc", f"must be at least 1, got {nproc}",
                           f"use --nproc {pcfg.world_size} (dp*tp*pp) or leave it out under torchrun")
@@ -250,6 +270,8 @@ def train(
     tcfg = TrainConfig(steps=steps, seed=seed, lr=lr, warmup_steps=warmup, grad_clip=grad_clip, bf16=bf16,
                        data=data, dp_impl=impl, bucket_bytes=int(bucket_mb * 2**20), metrics=metrics, trace=trace,
                        save_final=save_final, prefetch_receives=prefetch_receives, compress_warmup=compress_warmup,
+                       compress_momentum_masking=compress_momentum_masking,
+                       compress_density_warmup=compress_density_warmup,
                        timeout_s=timeout, log_every=log_every, progress=progress, task=task,
                        loader_workers=loader_workers, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, resume=resume,
@@ -291,6 +313,11 @@ def train(
     check_compression(pcfg, tcfg)
     check_checkpointing(pcfg, tcfg)
     tcfg = _with_optimizer(tcfg, spec, pcfg, optimizer, kfac_damping, kfac_refresh, fill_bubbles, fill_cluster)
+    if compress_momentum_correction:  # set with the optimizer it needs (SGD's momentum)
+        from dataclasses import replace
+
+        tcfg = replace(tcfg, compress_momentum_correction=True)
+        check_compression(pcfg, tcfg)
     check_eval(pcfg, tcfg)
     check_sinks(tcfg)
     check_outputs(tcfg)

@@ -340,10 +340,11 @@ def _source_samples(name: str) -> tuple[list[Any], list[tuple[int, str, str]]]:
 
 
 def _source_calibrations(calibration: str) -> dict[str, Any]:
-    from paratrain.plan.calibrated import CALIBRATIONS, FITTED_A100, FITTED_H100
+    from paratrain.plan.calibrated import CALIBRATIONS, FITTED_BY_DEVICE
+    from paratrain.plan.publicruns import DEVICE_CLUSTERS
 
-    if calibration == "fitted":
-        return {"a100": FITTED_A100, "h100": FITTED_H100}
+    if calibration == "fitted":  # each device preset's own calibration
+        return {key: FITTED_BY_DEVICE[device] for key, (_, device) in DEVICE_CLUSTERS.items()}
     if calibration == "none":
         return {}
     if calibration in ("vtrain-a100", "vtrain-a100-links"):
@@ -375,7 +376,7 @@ def _source_scatter(path: Path, samples: list[Any], predicted: list[float], titl
     fig, ax = plt.subplots(figsize=(7.5, 6))
     sources = sorted({s.source for s in samples})
     cmap = plt.get_cmap("tab10")
-    markers = {"a100": "o", "h100": "^"}
+    markers = {"a100": "o", "h100": "^", "h100-hbm2e": "v"}
     for i, src in enumerate(sources):
         for dev, marker in markers.items():
             pts = [(s.measured_s, p) for s, p in zip(samples, predicted, strict=True)
@@ -409,8 +410,8 @@ def _validate_sources(
 ) -> None:
     """Several sources at once: per-source errors, the per-device fit, leave-one-source-out."""
     from paratrain.plan.crossval import cross_validate, fit_device, predict_samples, start_calibration
+    from paratrain.plan.publicruns import public_clusters
     from paratrain.plan.validate import summary
-    from paratrain.spec.cluster import resolve_cluster
 
     if rows < 0:
         raise ConfigError("--rows", f"must be at least 0, got {rows}", "e.g. --rows 15")
@@ -428,7 +429,7 @@ def _validate_sources(
 
         check_output_path(plot, "--plot")
     samples, skipped = _source_samples(name)
-    clusters = {"a100": resolve_cluster("dgx-a100"), "h100": resolve_cluster("dgx-h100")}
+    clusters = public_clusters()
     starts = {d: start_calibration(c) for d, c in clusters.items()}
     if fit_params:
         doc: dict[str, Any] = {}

@@ -17,7 +17,7 @@ powersgd      2R(P-1)/P (two ring all-reduces)    4(P-1)
 
 Time = alpha * terms + bytes / bandwidth (Hockney). Selection compute is memory-bound: a number of
 streaming passes over the n gradient values at the device's sustained bandwidth
-(:data:`SELECTION_PASSES`, an estimate, not a measurement).
+(:data:`SELECTION_PASSES`, counted from the code's memory traffic, not timed).
 """
 
 from __future__ import annotations
@@ -28,26 +28,41 @@ from dataclasses import dataclass
 
 from paratrain.errors import ConfigError
 
-__all__ = ["COMPRESSED", "SELECTION_PASSES", "TOPK_PASSES", "CompressionCost", "entries_kept", "volume_elements",
-           "latency_terms", "compression_cost", "powersgd_elements", "compressed_reduce_s"]
+__all__ = ["COMPRESSED", "SELECTION_PASSES", "REGION_PASSES", "TOPK_PASSES", "CompressionCost", "selection_passes",
+           "entries_kept", "volume_elements", "latency_terms", "compression_cost", "powersgd_elements",
+           "compressed_reduce_s"]
 
 COMPRESSED = ("oktopk", "topka", "gtopk", "gaussiank", "powersgd")
 
 # An exact top-k of n values: a radix select over 32-bit keys, 4 digit passes each reading the keys
-# and a histogram, plus the gather: ~8 streaming passes (estimate).
+# and a histogram, plus the gather: ~8 streaming passes (estimate; what torch.topk over all n costs,
+# the fallback when a sampled bound lets too few entries through).
 TOPK_PASSES = 8.0
 OKTOPK_THRESHOLD_PERIOD = 32  # exact thresholds every 32 calls (runtime.compress.oktopk)
 
-# Passes over the gradient per call: add the residual (read 2, write 1), compare (read 1), update
-# the residual (read 1, write 1) = 6 for every sparse method; then its threshold:
+# Streaming passes over the n-entry gradient per call, counted from the code
+# (tests/cost/test_compress_passes.py). Every sparse method starts with one blocked pass
+# (runtime.compress.select.accumulate_above) that adds the gradient into the residual, clears the
+# gradient (it receives the result) and selects while each 1 MiB block is in cache: read g and r,
+# write r and g = 4. The exact top-k (TopkA, gTop-k, Ok-Topk every 32 calls) runs over the ~2k
+# entries above a sampled bound that the same pass collects: O(k), not a pass. The rest of each
+# method: Ok-Topk clears, scans (block maxima: 2 reads) its region of n/P, 3/P
+# (:data:`REGION_PASSES`); Gaussiank's fit reads mean and variance (2) and its block maxima (2).
 SELECTION_PASSES = {
     "none": 0.0,
-    "oktopk": 6 + 2 + TOPK_PASSES / OKTOPK_THRESHOLD_PERIOD,  # reused threshold: ~2 counting passes
-    "topka": 6 + TOPK_PASSES,
-    "gtopk": 6 + TOPK_PASSES,
-    "gaussiank": 6 + 2 + 3,  # mean and std (2), ~3 counting passes of the x/÷1.02 search
+    "oktopk": 4.0,  # plus REGION_PASSES / P
+    "topka": 4.0,
+    "gtopk": 4.0,
+    "gaussiank": 4 + 2 + 2,
     "powersgd": 2 + 2 + 1 + 2,  # error feedback (2), M·Q and Mᵀ·P read M (2), P·Qᵀ writes M (1), error (2)
 }
+REGION_PASSES = 3.0  # Ok-Topk's region of n/P entries: cleared, then two block-maxima reads
+
+
+def selection_passes(method: str, p: int) -> float:
+    """Streaming passes over the gradient of one call of ``method`` on ``p`` ranks
+    (:data:`SELECTION_PASSES`, Ok-Topk's region included)."""
+    return SELECTION_PASSES[method] + (REGION_PASSES / p if method == "oktopk" else 0.0)
 
 
 def entries_kept(n: int, density: float) -> int:
@@ -117,7 +132,7 @@ def compression_cost(method: str, n: int, density: float, p: int, *, alpha_s: fl
     nbytes = elements / 2 * (value_bytes + index_bytes) if sparse else elements * value_bytes
     terms = latency_terms(method, p)
     comm = terms * alpha_s + nbytes / bandwidth_Bps if p > 1 else 0.0
-    select = SELECTION_PASSES[method] * n * value_bytes / memory_bandwidth_Bps if p > 1 else 0.0
+    select = selection_passes(method, p) * n * value_bytes / memory_bandwidth_Bps if p > 1 else 0.0
     return CompressionCost(method, elements, nbytes, terms, comm, select)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from paratrain.cost.gemm import gemm_efficiency, gemm_tile_choice
+from paratrain.cost.gemm import gemm_efficiency, gemm_peak_flops, gemm_tile_choice
 from paratrain.errors import ConfigError, require_positive_int
 from paratrain.parallel.config import Recompute
 from paratrain.spec.device import DeviceSpec
@@ -61,6 +61,8 @@ __all__ = [
     "kv_dim_per_rank",
     "dtype_bytes",
     "ATTENTION_KINDS",
+    "FP8_GEMM_DTYPES",
+    "fp8_cast_bytes",
     "default_attention",
     "resolve_attention",
 ]
@@ -136,15 +138,57 @@ class Op:
     attention_shape: tuple[int, int, int] | None = None
     exec_fwd_flops: float = 0.0
     exec_bwd_flops: float = 0.0
+    # Input dtype of a GEMM that differs from the training dtype ("fp8": FP8 linear layers).
+    dtype: str | None = None
 
 
-def _gemm_op(name: str, m: int, n: int, k: int, e: int, *, batch: int = 1, weight: bool, selective: bool = False) -> Op:
+def _gemm_op(
+    name: str, m: int, n: int, k: int, e: int, *, batch: int = 1, weight: bool, selective: bool = False,
+    gemm_dtype: str | None = None,
+) -> Op:
+    """``gemm_dtype`` "fp8": one-byte inputs, the output in the training dtype (``e`` bytes)."""
     flops = 2.0 * batch * m * n * k
-    moved = float(batch * (m * k + k * n + m * n) * e)
+    e_in = _DTYPE_BYTES["fp8"] if gemm_dtype == "fp8" else e
+    moved = float(batch * ((m * k + k * n) * e_in + m * n * e))
     return Op(
         name=name, kind="gemm", fwd_flops=flops, bwd_flops=2 * flops, fwd_bytes=moved, bwd_bytes=2 * moved,
         gemm=(m, n, k), batch=batch, is_matmul=True, has_weight=weight, recompute_selective=selective,
         bwd_weight_flops=flops if weight else 0.0, bwd_weight_bytes=moved if weight else 0.0,
+        dtype=gemm_dtype if gemm_dtype == "fp8" else None,
+    )
+
+
+def fp8_cast_bytes(x: int, w: int, y: int, e: int, *, delayed: bool, fused: bool) -> tuple[float, float]:
+    """``(forward, backward)`` bytes of the FP8 scaling and cast kernels around one linear layer
+    whose input has ``x`` elements, its weight ``w`` and its output gradient ``y``, in a training
+    dtype of ``e`` bytes.
+
+    Per tensor cast to FP8 (torchao ``Float8Linear``, Transformer Engine): with *current* scaling
+    an amax pass reads the tensor (``e``) before the cast can start; with *delayed* scaling the
+    scale comes from the amax history and the cast records the new amax (no extra pass). The cast
+    reads ``e`` and writes one byte. Hopper's FP8 GEMMs take K-major operands only (cuBLAS:
+    ``CUBLASLT_MATMUL_DESC_TRANSA/B`` for FP8 must be "TN"), so the backward's GEMMs need the
+    transposed FP8 copies of the weight (input gradient), the input and the output gradient
+    (weight gradient): fused into the cast (``fused``: Transformer Engine's cast-transpose kernels,
+    torch.compile's fusion of torchao's casts), the cast writes both layouts (2 bytes); otherwise
+    each is a separate transpose pass (read 1, write 1). The forward casts the input and the weight,
+    the backward the output gradient.
+    """
+    amax = 0 if delayed else e
+    if fused:
+        per = amax + e + 2
+        return float(per * (x + w)), float(per * y)
+    per = amax + e + 1
+    return float(per * (x + w)), float(per * y + 2 * (x + w + y))
+
+
+def _fp8_cast_op(name: str, tokens: int, k: int, n: int, e: int, *, delayed: bool, fused: bool) -> Op:
+    """The cast kernels of a ``tokens×k · k×n`` FP8 linear layer (:func:`fp8_cast_bytes`)."""
+    fwd, bwd = fp8_cast_bytes(tokens * k, k * n, tokens * n, e, delayed=delayed, fused=fused)
+    per_tensor = 1 if delayed else 2  # (amax +) cast
+    return Op(
+        name=f"{name}_fp8_cast", kind="cast", fwd_flops=0.0, bwd_flops=0.0, fwd_bytes=fwd, bwd_bytes=bwd,
+        fwd_kernels=2 * per_tensor, bwd_kernels=per_tensor + (0 if fused else 3),
     )
 
 
@@ -238,12 +282,13 @@ def _flash_op(model: ModelSpec, b: int, heads_r: int, q_r: int, kv_r: int, e: in
 @lru_cache(maxsize=4096)
 def _layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None, attention: str = "math",
+    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None,
 ) -> tuple[Op, ...]:
     """Operators of one transformer layer on one tensor-parallel rank, in execution order.
 
     ``dtype`` defaults to the model's; ``attention`` is ``"math"`` or ``"flash"`` (module docstring).
-    Cached: callers get a tuple they must not rely on mutating.
+    ``gemm_dtype`` "fp8" / "fp8-delayed": the four linear GEMMs in FP8, each after its cast kernels
+    (:func:`fp8_cast_bytes`). Cached: callers get a tuple they must not rely on mutating.
     """
     if attention not in ATTENTION_KINDS:
         raise ConfigError("attention", f"unknown attention {attention!r}", f"use one of: {', '.join(ATTENTION_KINDS)}")
@@ -263,7 +308,28 @@ def _layer_ops(
     else:
         ops.extend(_math_attention_ops(model, b, heads_r, e, fused, drop))
     ops.append(_gemm_op("attn_proj", tokens, h, q_r, e, weight=True))
-    return tuple(ops) + _mlp_ops(model, tokens, tokens_sp, f_r, e, fused)
+    out = tuple(ops) + _mlp_ops(model, tokens, tokens_sp, f_r, e, fused)
+    return _fp8_linears(out, e, gemm_dtype, fused) if gemm_dtype in FP8_GEMM_DTYPES else out
+
+
+# FP8 linear layers (ParallelConfig.gemm_dtype): current scaling, delayed scaling.
+FP8_GEMM_DTYPES = ("fp8", "fp8-delayed")
+# The layer's nn.Linear GEMMs: what torchao's Float8 conversion and Transformer Engine's FP8 run in
+# FP8 (the attention core, the embedding and the LM head stay in the training dtype; torchtitan's
+# Float8 conversion skips the output layer).
+_LINEAR_GEMMS = ("qkv", "attn_proj", "fc1", "fc2")
+
+
+def _fp8_linears(ops: tuple[Op, ...], e: int, gemm_dtype: str, fused: bool) -> tuple[Op, ...]:
+    out: list[Op] = []
+    for op in ops:
+        if op.name in _LINEAR_GEMMS and op.gemm is not None:
+            m, n, k = op.gemm
+            out.append(_fp8_cast_op(op.name, m, k, n, e, delayed=gemm_dtype == "fp8-delayed", fused=fused))
+            out.append(_gemm_op(op.name, m, n, k, e, weight=True, gemm_dtype="fp8"))
+        else:
+            out.append(op)
+    return tuple(out)
 
 
 def _math_attention_ops(model: ModelSpec, b: int, heads_r: int, e: int, fused: bool, drop: bool) -> list[Op]:
@@ -388,16 +454,17 @@ def _head_ops(
 
 def layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None, attention: str = "math",
+    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None,
 ) -> list[Op]:
     """Operators of one transformer layer on one tensor-parallel rank for one micro-batch, in order.
 
     ``fused`` models Megatron-LM's fused kernels (scale-mask-softmax, bias-GeLU, bias-dropout-add):
     same FLOPs, fewer bytes. ``dtype`` defaults to the model's. ``attention``: ``"math"`` (explicit
-    ``s×s`` kernels) or ``"flash"`` (one fused kernel per pass).
+    ``s×s`` kernels) or ``"flash"`` (one fused kernel per pass). ``gemm_dtype``: ``"fp8"`` or
+    ``"fp8-delayed"`` runs the linear layers' GEMMs in FP8 (``None``: the training dtype).
     """
     return list(_layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
-                           fused=fused, dtype=dtype, attention=attention))
+                           fused=fused, dtype=dtype, attention=attention, gemm_dtype=gemm_dtype))
 
 
 def embedding_ops(
@@ -442,11 +509,12 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
         return fwd, bwd, 0.0
     if op.gemm is not None:
         m, n, k = op.gemm
-        peak = device.peak_flops(dtype)
-        fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, n, k, device, op.batch), device)
+        g = op.dtype or dtype
+        peak = gemm_peak_flops(device, g)
+        fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, n, k, device, op.batch, g), device)
         # dA = dC·Bᵀ is an (m, k, n) GEMM; dB = Aᵀ·dC is a (k, n, m) GEMM; each moves the forward's bytes.
-        d_a = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, k, n, device, op.batch), device)
-        d_b = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(k, n, m, device, op.batch), device)
+        d_a = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, k, n, device, op.batch, g), device)
+        d_b = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(k, n, m, device, op.batch, g), device)
         return (fwd, d_a, d_b) if op.has_weight else (fwd, d_a + d_b, 0.0)
     # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway.
     peak = device.peak_fp32_flops
@@ -495,7 +563,8 @@ def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
         compute = op.exec_fwd_flops / (device.peak_flops(dtype) * _attention_efficiency(op, device))
     elif op.gemm is not None:
         m, n, k = op.gemm
-        compute = op.fwd_flops / (device.peak_flops(dtype) * gemm_efficiency(m, n, k, device, op.batch))
+        g = op.dtype or dtype
+        compute = op.fwd_flops / (gemm_peak_flops(device, g) * gemm_efficiency(m, n, k, device, op.batch, g))
     else:
         compute = op.fwd_flops / device.peak_fp32_flops
     memory = op.fwd_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)

@@ -7,6 +7,8 @@ then only multiplies and adds, O(chunks) per call.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -23,7 +25,17 @@ from paratrain.cost.compute import (
     resolve_attention,
     uses_dropout,
 )
+from paratrain.cost.context_parallel import kv_block_bytes, local_model, ring_exposed_s, ring_neighbours
+from paratrain.cost.dp_reduction import default_overlap_slowdown
 from paratrain.cost.memory import activation_bytes_per_layer, optimizer_bytes
+from paratrain.cost.sharding import (
+    ShardedUnit,
+    fsdp_phases_s,
+    gathered_bytes,
+    gathers_per_microbatch,
+    reshards_after_forward,
+    static_shares,
+)
 from paratrain.cost.tensor_parallel import tp_part_times, tp_parts
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
@@ -45,17 +57,30 @@ class PartCost:
     selective_recompute_s: float  # forward time of the attention core (what selective recomputes)
     matmul_flops: float  # forward + backward
     activation_bytes: int
+    # Device time of the attention core (fused kernel or the s×s kernels), forward and backward: what
+    # a context-parallel ring overlaps its K/V transfers with.
+    attention_forward_s: float = 0.0
+    attention_backward_s: float = 0.0
 
 
-def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: int) -> PartCost:
+def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: int, cp: int = 1) -> PartCost:
     """Device time of the part's kernels, bounded below by the host's time to issue them
     (:func:`host_bound_time`): the forward, the backward and the selectively recomputed attention
-    core are each one stream of kernels. A host-bound backward keeps its input/weight-gradient split."""
-    fwd = bwd_in = bwd_w = sel = flops = 0.0
+    core are each one stream of kernels. A host-bound backward keeps its input/weight-gradient split.
+
+    ``cp`` > 1: ``ops`` are one context-parallel rank's (``s/cp`` tokens) and its attention core runs
+    once per ring step, ``cp`` times (:mod:`paratrain.cost.context_parallel`)."""
+    fwd = bwd_in = bwd_w = sel = flops = att_f = att_b = 0.0
     n_fwd = n_bwd = n_sel = 0
     for op in ops:
         f, bi, bw = op_time_split(op, device, dtype)
         kf, kbi, kbw = op_kernels(op)
+        if op.kind == "attention" or op.recompute_selective:
+            f, bi, bw, kf, kbi, kbw = f * cp, bi * cp, bw * cp, kf * cp, kbi * cp, kbw * cp
+            att_f += f
+            att_b += bi + bw
+            if op.is_matmul:
+                flops += (cp - 1) * (op.fwd_flops + op.bwd_flops)
         fwd += f
         bwd_in += bi
         bwd_w += bw
@@ -72,22 +97,26 @@ def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: in
         bwd_in, bwd_w = bwd_in * bwd_host / bwd, bwd_w * bwd_host / bwd
     fwd = host_bound_time(fwd, n_fwd, device)
     sel = host_bound_time(sel, n_sel, device) if n_sel else 0.0
-    return PartCost(fwd, bwd_in, bwd_w, sel, flops, activation)
+    return PartCost(fwd, bwd_in, bwd_w, sel, flops, activation, att_f, att_b)
 
 
 @lru_cache(maxsize=4096)
 def layer_cost(
     model: ModelSpec, device: DeviceSpec, dtype: str, tp: int, sequence_parallel: bool, microbatch: int,
-    recompute: Recompute, fused: bool = False, attention: str = "math",
+    recompute: Recompute, fused: bool = False, attention: str = "math", cp: int = 1, gemm_dtype: str | None = None,
 ) -> PartCost:
-    """One transformer layer on one tensor-parallel rank (compute only, no collectives)."""
+    """One transformer layer on one tensor-parallel rank (compute only, no collectives).
+
+    ``cp`` > 1: on one context-parallel rank, ``model`` being that rank's
+    (:func:`paratrain.cost.context_parallel.local_model`, ``s/cp`` tokens); the ring's transfers
+    are not included."""
     ops = _layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype,
-                     attention=attention)
+                     attention=attention, gemm_dtype=gemm_dtype)
     act = activation_bytes_per_layer(
         model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype,
         attention=attention,
     )
-    return _sum_ops(ops, device, dtype, act)
+    return _sum_ops(ops, device, dtype, act, cp)
 
 
 @lru_cache(maxsize=1024)
@@ -161,6 +190,24 @@ def tp_ranks(config: ParallelConfig) -> tuple[int, ...]:
     return tuple(range(0, config.tp * stride, stride))
 
 
+def cp_ranks(config: ParallelConfig) -> tuple[int, ...]:
+    """Global ranks of the first context-parallel group (``config.group_ranks("cp")[0]``)."""
+    return tuple(config.rank_of(cp=i) for i in range(config.cp))
+
+
+@lru_cache(maxsize=4096)
+def _ring_transfer_s(nbytes: int, ranks: tuple[int, ...], cluster: ClusterSpec) -> float:
+    """One ring step: every rank sends ``nbytes`` to its successor at once; the slowest pair sets
+    the pace (a pair across nodes whenever the ring leaves a node)."""
+    from paratrain.cost.collectives import collective_time
+
+    pairs = ring_neighbours(ranks)
+    if not pairs or nbytes <= 0:
+        return 0.0
+    by_link = {(cluster.node_of(a) == cluster.node_of(b)): (a, b) for a, b in pairs}
+    return max(collective_time("p2p", nbytes, pair, cluster).time_s for pair in by_link.values())
+
+
 @lru_cache(maxsize=4096)
 def _tp_comm(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
@@ -184,6 +231,22 @@ def _tp_comm(
     return lf, lb, ef, eb, hf, hb
 
 
+@lru_cache(maxsize=4096)
+def _tp_dispatch(
+    model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
+    dtype: str,
+) -> tuple[float, float, float, float, float, float]:
+    """The DTensor host dispatch inside :func:`_tp_comm`'s times, in the same order."""
+    parts = tp_parts(model, sequence_parallel=sequence_parallel, microbatch=microbatch, dtype=dtype,
+                     runtime=cluster.tensor_parallel)
+    out: list[float] = []
+    for name in ("layer", "embedding", "head"):
+        _, _, df, db = tp_part_times(parts[name], cluster, ranks)
+        out += [df, db]
+    lf, lb, ef, eb, hf, hb = out
+    return lf, lb, ef, eb, hf, hb
+
+
 @dataclass(frozen=True)
 class _Bundle:
     """Everything :func:`chunk_costs` needs that does not depend on the chunk's layer count."""
@@ -202,18 +265,36 @@ class _Bundle:
     transient_bytes: int
     dtype_bytes: int
     optimizer_bytes_per_param: int
+    cp_comm: tuple[float, float] = (0.0, 0.0)  # ring time a layer's forward / backward adds (exposed)
+    cp_buffer_bytes: int = 0
+
+
+def _ring_comm(
+    model: ModelSpec, cluster: ClusterSpec, layer: PartCost, dtype: str, tp: int, mb: int, cp: int,
+    cp_group: tuple[int, ...],
+) -> tuple[tuple[float, float], int]:
+    """Exposed ring time of one layer's forward and backward, and its receive buffers; ``model`` is
+    one context-parallel rank's (``s/cp`` tokens), so its K and V are one ring block."""
+    if cp == 1:
+        return (0.0, 0.0), 0
+    kv = kv_block_bytes(model, cp=1, tp=tp, microbatch=mb, dtype=dtype)  # K, V forward; + dK, dV backward
+    fwd = ring_exposed_s(layer.attention_forward_s, _ring_transfer_s(kv, cp_group, cluster), cp)
+    bwd = ring_exposed_s(layer.attention_backward_s, _ring_transfer_s(2 * kv, cp_group, cluster), cp)
+    return (fwd, bwd), 2 * 2 * kv
 
 
 @lru_cache(maxsize=16384)
 def _bundle(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
-    ranks: tuple[int, ...], attention: str = "math",
+    ranks: tuple[int, ...], attention: str = "math", cp: int = 1, cp_group: tuple[int, ...] = (),
+    gemm_dtype: str | None = None,
 ) -> _Bundle:
     device = cluster.device
-    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention)
+    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention, cp, gemm_dtype)
     comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
+    cp_comm, cp_buffer = _ring_comm(model, cluster, layer, dtype, tp, mb, cp, cp_group)
     if rc is Recompute.FULL:
-        rec, rec_comm = layer.forward_s + comm[0], comm[0]
+        rec, rec_comm = layer.forward_s + comm[0] + cp_comm[0], comm[0]  # the ring runs again too
     elif rc is Recompute.SELECTIVE:
         rec, rec_comm = layer.selective_recompute_s, 0.0
     else:
@@ -230,9 +311,42 @@ def _bundle(
         transient_bytes=activation_bytes_per_layer(
             model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype,
             attention=attention,
-        ) - layer.activation_bytes,
-        optimizer_bytes_per_param=optimizer_bytes(1, dtype),
+        ) - layer.activation_bytes + cp_buffer,
+        optimizer_bytes_per_param=optimizer_bytes(1, dtype), cp_comm=cp_comm, cp_buffer_bytes=cp_buffer,
     )
+
+
+@lru_cache(maxsize=65536)
+def _dp_collective_s(kind: str, nbytes: int, cluster: ClusterSpec,
+                     group: tuple[tuple[str, ...], int, int, int, int]) -> float:
+    """Time of one collective over the first data-parallel (× context-parallel) group of the layout
+    ``group`` = (mesh order, dp, tp, pp, cp); cached: the planner asks for the same few per layout."""
+    from paratrain.cost.collectives import collective_time
+
+    order, dp, tp, pp, cp = group
+    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, mesh_order=order, global_batch=dp, attention="flash")
+    ranks = tuple(cfg.rank_of(dp=d, cp=k) for d in range(dp) for k in range(cp))
+    return collective_time(kind, nbytes, ranks, cluster).time_s
+
+
+def _fsdp_units(
+    bd: _Bundle, n: int, first: bool, final: bool, comm_s: Callable[[str, int], float]
+) -> list[ShardedUnit]:
+    """The FSDP units of a chunk in forward order: the embedding, one per layer, the head (the
+    runtime's ``fully_shard`` per block; the embedding and head as units of their own, as in
+    torchtitan). ``comm_s(kind, bytes)`` times a collective over the data-parallel group."""
+    c, e = bd.comm, bd.dtype_bytes
+
+    def unit(part: PartCost, fwd_comm: float, bwd_comm: float, recompute_s: float, params: int) -> ShardedUnit:
+        return ShardedUnit(part.forward_s + fwd_comm,
+                           recompute_s + part.backward_input_s + bwd_comm + part.backward_weight_s,
+                           comm_s("all_gather", params * e), comm_s("reduce_scatter", params * e))
+
+    units = [unit(bd.embedding, c[2], c[3], 0.0, bd.embedding_params)] if first else []
+    units += [unit(bd.layer, c[0], c[1], bd.recompute_layer_s, bd.layer_params)] * n
+    if final:
+        units.append(unit(bd.head, c[4], c[5], 0.0, bd.head_params_shared if first else bd.head_params_apart))
+    return units
 
 
 def chunk_costs(
@@ -253,17 +367,41 @@ def chunk_costs(
             "tp", f"the tensor-parallel group {list(ranks)} does not fit the cluster's {cluster.num_devices} devices",
             "use a larger cluster (more GPUs or nodes) or a smaller tp",
         )
-    attention = resolve_attention(config.attention, cluster.device)
-    bd = _bundle(model, cluster, config.dtype, config.tp, config.sequence_parallel, config.microbatch,
-                 config.recompute, fused, ranks, attention)
+    # Ring attention runs on fused attention kernels (Transformer Engine's flash / cuDNN backends).
+    attention = "flash" if config.cp > 1 else resolve_attention(config.attention, cluster.device)
+    cp_group = cp_ranks(config)
+    if cp_group[-1] >= cluster.num_devices:
+        raise ConfigError(
+            "cp", f"the context-parallel group {list(cp_group)} does not fit the cluster's {cluster.num_devices} "
+            "devices", "use a larger cluster (more GPUs or nodes) or a smaller cp",
+        )
+    # Each context-parallel rank holds s/cp tokens of every sequence (cost.context_parallel).
+    bd = _bundle(local_model(model, config.cp), cluster, config.dtype, config.tp, config.sequence_parallel,
+                 config.microbatch, config.recompute, fused, ranks, attention, config.cp, cp_group,
+                 gemm_dtype=config.gemm_dtype)
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
-    dp = config.dp if config.optimizer_sharding else 1
+    cp_f, cp_b = bd.cp_comm
+    cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0
+    disp = _tp_dispatch(local_model(model, config.cp), cluster, ranks, config.sequence_parallel, config.microbatch,
+                        config.dtype)
+    waits = [c - d for c, d in zip(comm, disp, strict=True)]  # collectives alone, without the dispatch
+    wait_rec = waits[0] + cp_f if config.recompute is Recompute.FULL else 0.0  # the recomputed forward's
+    # Parameters are replicated over cp: sharding and gradient reduction span the dp-cp group (Megatron-LM's
+    # distributed optimizer, torchtitan's dp_shard_cp mesh).
+    dp, level = config.dp * config.cp, config.sharding
     counts = config.layers_per_chunk(model.layers)
     last = len(counts) - 1
+    # zero2/zero3 (cost.sharding): each micro-batch gathers every unit's parameters and
+    # reduce-scatters its gradients over dp, overlapped with the neighbouring units' compute.
+    fsdp = gathers_per_microbatch(level, dp)
+    group_key = (config.mesh_order, config.dp, config.tp, config.pp, config.cp)
+
+    def comm_s(kind: str, nbytes: int) -> float:
+        return _dp_collective_s(kind, nbytes, cluster, group_key)
 
     def make(n: int, first: bool, final: bool) -> ChunkCost:
-        fwd = n * (layer.forward_s + comm[0])
-        bwd_in = n * (layer.backward_input_s + comm[1])
+        fwd = n * (layer.forward_s + comm[0] + cp_f)
+        bwd_in = n * (layer.backward_input_s + comm[1] + cp_b)
         bwd_w = n * layer.backward_weight_s
         tp_comm = n * (comm[0] + comm[1] + bd.recompute_comm_s)
         act = n * layer.activation_bytes
@@ -288,16 +426,49 @@ def chunk_costs(
             flops += head.matmul_flops
             params += bd.head_params_shared if first else bd.head_params_apart
         grads = params * e
+        w, g, o = static_shares(level, grads, grads, params * bd.optimizer_bytes_per_param, dp)
+        gathered = 0
+        fsdp_f = fsdp_b = 0.0
+        if fsdp:
+            units = _fsdp_units(bd, n, first, final, comm_s)
+            f_s, b_s = fsdp_phases_s(units, reshard_after_forward=reshards_after_forward(level),
+                                     slowdown=default_overlap_slowdown(cluster.device))  # beside the collectives
+            fsdp_f = f_s - sum(u.forward_s for u in units)  # exposed all-gathers
+            fsdp_b = b_s - sum(u.backward_s for u in units)  # exposed re-gathers and reduce-scatters
+            fwd += fsdp_f
+            bwd_in += fsdp_b
+            unit = e * max([bd.layer_params] * (n > 0) + [bd.embedding_params] * first
+                           + [bd.head_params_shared if first else bd.head_params_apart] * final)
+            # zero2's whole-rank parameters are added below, where the chunks of a rank are known
+            gathered = gathered_bytes(level, dp, unit_weight=unit, unit_grad=unit, rank_weight=0)
         return ChunkCost(
             forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
-            tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=grads, grad_bytes=grads,
-            optimizer_bytes=-(-params * bd.optimizer_bytes_per_param // dp), grad_reduce_bytes=grads,
-            p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes,
+            tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=w, grad_bytes=g,
+            optimizer_bytes=o, grad_reduce_bytes=grads,
+            p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes + gathered,
+            cp_comm_s=n * (cp_f + cp_b + cp_rec), fsdp_comm_s=fsdp_f + fsdp_b,
+            forward_wait_s=n * (waits[0] + cp_f) + first * waits[2] + final * waits[4] + fsdp_f,
+            backward_wait_s=n * (waits[1] + cp_b + wait_rec) + first * waits[3] + final * waits[5] + fsdp_b,
         )
 
     # Middle chunks differ only in their layer count (at most two values for an even split).
     middle = {n: make(n, False, False) for n in set(counts[1:last])}
     out = [middle[n] for n in counts[1:last]]
     if last == 0:
-        return [make(counts[0], True, True)]
-    return [make(counts[0], True, False), *out, make(counts[last], False, True)]
+        out = [make(counts[0], True, True)]
+    else:
+        out = [make(counts[0], True, False), *out, make(counts[last], False, True)]
+    if fsdp and level == "zero2":
+        # Every chunk on a pipeline rank (chunk k on rank k mod pp) keeps its gathered parameters
+        # from its forward to its backward: the rank's whole share of the model, once.
+        full = [e * (n * bd.layer_params + (bd.embedding_params if k == 0 else 0)
+                     + ((bd.head_params_shared if last == 0 else bd.head_params_apart) if k == last else 0))
+                for k, n in enumerate(counts)]
+        rank_w = [sum(full[r::config.pp]) for r in range(config.pp)]
+        held: dict[tuple[int, int], ChunkCost] = {}  # few distinct (chunk, rank share) pairs: build each once
+        for k, c in enumerate(out):
+            key = (id(c), rank_w[k % config.pp])
+            if key not in held:
+                held[key] = dataclasses.replace(c, transient_bytes=c.transient_bytes + key[1])
+            out[k] = held[key]
+    return out

@@ -30,6 +30,18 @@ class ChunkCost:
     # Activations one layer recomputes, live only while that layer runs its backward (0 without
     # recomputation): add once to the peak, not per in-flight micro-batch.
     transient_bytes: int = 0
+    # Context-parallel ring transfers not hidden behind the attention blocks (cost.context_parallel),
+    # forward + backward (+ the recomputed forward); already inside the compute times, like tp_comm_s.
+    cp_comm_s: float = 0.0
+    # FSDP's all-gathers and reduce-scatters not hidden behind the neighbouring units' compute
+    # (cost.sharding; zero2/zero3 over dp > 1), forward + backward; inside the compute times.
+    fsdp_comm_s: float = 0.0
+    # Waits in collectives inside forward_s and inside the backward's recompute_s + backward_input_s:
+    # the tensor-parallel collectives (tp_comm_s less DTensor's host dispatch, which is work) and
+    # the exposed context-parallel ring. A waiting process takes no core, so where processes share
+    # a host's cores (paratrain.sim.sharing) these parts are not stretched.
+    forward_wait_s: float = 0.0
+    backward_wait_s: float = 0.0
 
     @property
     def backward_s(self) -> float:

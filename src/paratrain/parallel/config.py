@@ -29,10 +29,31 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "ParallelConfig",
     "Recompute",
+    "SHARDINGS",
     "ScheduleName",
+    "mesh_order_of",
+    "sharding_level",
 ]
 
-AXES = ("pp", "dp", "tp")
+# Outermost first. Context parallelism ("cp") sits next to tensor parallelism, as in Megatron-LM's
+# RankGenerator order "tp-cp-ep-dp-pp" (innermost first): tp, then cp, then dp, then pp.
+AXES = ("pp", "dp", "cp", "tp")
+_AXES_BEFORE_CP = ("pp", "dp", "tp")  # mesh orders written before the cp axis existed
+
+
+def mesh_order_of(order: Any, field: str = "mesh_order") -> tuple[str, ...]:
+    """``order`` checked as a permutation of :data:`AXES`; a 3-axis order of :data:`_AXES_BEFORE_CP`
+    (config files and flags written before the cp axis) gets "cp" just outside "tp"."""
+    if not isinstance(order, (list, tuple)):
+        raise ConfigError(field, f"must be a list of axes, got {order!r}", "e.g. pp,dp,cp,tp")
+    out = tuple(str(a) for a in order)
+    if sorted(out) == sorted(_AXES_BEFORE_CP):
+        i = out.index("tp")
+        out = (*out[:i], "cp", *out[i:])
+    if sorted(out) != sorted(AXES):
+        raise ConfigError(field, f"must be a permutation of {AXES} (or of {_AXES_BEFORE_CP}), got {out}",
+                          "e.g. pp,dp,cp,tp")
+    return out
 
 # Bounds far past real jobs (the largest published runs use ~10^5 GPUs and a few hundred
 # micro-batches per pipeline); beyond them the simulator and the planner would run for hours on a
@@ -75,6 +96,31 @@ class Recompute(str, Enum):
 COMPRESSIONS = ("none", "oktopk", "topka", "gtopk", "gaussiank", "powersgd")
 
 
+# Sharded data parallelism over dp (Rajbhandari et al. 2020, "ZeRO", sec. 5; Zhao et al. 2023, "PyTorch
+# FSDP", sec. 3): zero1 shards the optimizer state, zero2 the gradients too (FSDP2
+# reshard_after_forward=False: parameters gathered from each forward to the end of its backward),
+# zero3 the parameters too (reshard_after_forward=True; "fsdp" is its alias).
+SHARDINGS = ("none", "zero1", "zero2", "zero3")
+_SHARDING_ALIASES = {"fsdp": "zero3", "fullshard": "zero3", "shardgradop": "zero2"}  # FSDP1's names
+# What ``optimizer_sharding: true`` meant before the levels existed: the runtime ran FSDP2 with
+# reshard_after_forward=False, i.e. zero2.
+LEGACY_OPTIMIZER_SHARDING = "zero2"
+
+
+def sharding_level(value: Any, field: str = "sharding") -> str:
+    """The level of :data:`SHARDINGS` that ``value`` names (a level, an alias, or a bool for the
+    former ``optimizer_sharding`` flag); ConfigError otherwise."""
+    if isinstance(value, bool):
+        return LEGACY_OPTIMIZER_SHARDING if value else "none"
+    if isinstance(value, str):
+        v = value.strip().lower().replace("-", "").replace("_", "")  # ZeRO-3, zero_3, FULL_SHARD
+        v = _SHARDING_ALIASES.get(v, v)
+        if v in SHARDINGS:
+            return v
+    raise ConfigError(field, f"unknown sharding level {value!r}",
+                      f"use one of: {', '.join(SHARDINGS)} (or fsdp = zero3)")
+
+
 def _check_compression(config: ParallelConfig) -> None:
     if config.compression not in COMPRESSIONS:
         raise ConfigError("compression", f"unknown compressor {config.compression!r}",
@@ -106,8 +152,8 @@ class ParallelConfig:
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved schedules)
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
-    # Adam state sharded over data-parallel ranks. The cost model charges ZeRO-1 memory and traffic;
-    # the runtime uses FSDP2 with parameters gathered for the whole step (same traffic, less memory).
+    # Whether anything is sharded over dp (sharding != "none"). Kept for configs written before the
+    # levels: ``optimizer_sharding: true`` with no ``sharding`` means LEGACY_OPTIMIZER_SHARDING.
     optimizer_sharding: bool = False
     # Gradient reduction over dp: "none" (dense all-reduce) or a compressor of COMPRESSIONS, keeping
     # the fraction compression_density of the gradient (sparse ones; powersgd has a fixed rank).
@@ -119,19 +165,31 @@ class ParallelConfig:
     # Attention kernels the cost model charges: "flash" (fused) or "math" (explicit s×s kernels);
     # None = what the device runs by default (cost.compute.default_attention).
     attention: str | None = None
+    # Input dtype of the transformer layers' linear GEMMs: None = the training dtype; "fp8" = FP8
+    # GEMMs with per-tensor current scaling (torchao Float8, Transformer Engine's current scaling),
+    # "fp8-delayed" with delayed scaling (Transformer Engine's default); attention, norms, the LM head
+    # and the rest stay in the training dtype (cost.compute: the cast passes).
+    gemm_dtype: str | None = None
+    # Context parallelism: each of ``cp`` ranks holds 1/cp of every sequence and runs ring attention
+    # (cost.context_parallel); parameters are replicated over cp. Planned and simulated, not run.
+    cp: int = 1
+    # Sharded data parallelism, a level of SHARDINGS (see there).
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "microbatch", "virtual_stages"):
+        for f in ("dp", "tp", "pp", "cp", "microbatch", "virtual_stages"):
             require_positive_int(f, getattr(self, f))
-        for f in ("dp", "tp", "pp"):
+        for f in ("dp", "tp", "pp", "cp"):
             require_at_most(f, getattr(self, f), MAX_WORLD_SIZE, "devices")
         if self.world_size > MAX_WORLD_SIZE:
             raise ConfigError(
-                "dp*tp*pp",
-                f"dp({self.dp})*tp({self.tp})*pp({self.pp}) = {self.world_size:,} devices exceed the limit of "
-                f"{MAX_WORLD_SIZE:,}",
+                "dp*tp*pp*cp",
+                f"{self.degrees_text} = {self.world_size:,} devices exceed the limit of {MAX_WORLD_SIZE:,}",
                 "use fewer devices",
             )
+        if self.cp > 1 and self.attention == "math":
+            raise ConfigError("cp", f"context parallelism (cp {self.cp}) runs ring attention on fused attention "
+                              "kernels, not on explicit s×s ones", "use --attention flash or --cp 1")
         require_at_most("microbatch", self.microbatch, MAX_MICROBATCH, "samples per micro-batch")
         require_at_most("virtual_stages", self.virtual_stages, 1024, "model chunks per pipeline rank")
         if self.global_batch is None:
@@ -140,17 +198,21 @@ class ParallelConfig:
         require_at_most("global_batch", self.global_batch, MAX_GLOBAL_BATCH, "samples per iteration")
         for f in ("sequence_parallel", "optimizer_sharding"):
             require_bool(f, getattr(self, f))
+        level = sharding_level(self.sharding)
+        if level == "none" and self.optimizer_sharding:
+            level = LEGACY_OPTIMIZER_SHARDING
+        object.__setattr__(self, "sharding", level)
+        object.__setattr__(self, "optimizer_sharding", level != "none")
         if self.attention is not None and self.attention not in ("flash", "math"):
             raise ConfigError("attention", f"unknown attention {self.attention!r}", "use flash or math")
+        if self.gemm_dtype is not None and self.gemm_dtype not in ("fp8", "fp8-delayed"):
+            raise ConfigError("gemm_dtype", f"unknown GEMM dtype {self.gemm_dtype!r}",
+                              "use fp8 (current scaling) or fp8-delayed (delayed scaling); leave it out for the "
+                              "training dtype")
         object.__setattr__(self, "schedule", parse_enum(ScheduleName, "schedule", self.schedule))
         object.__setattr__(self, "recompute", parse_enum(Recompute, "recompute", self.recompute))
         _check_compression(self)
-        if not isinstance(self.mesh_order, (list, tuple)):
-            raise ConfigError("mesh_order", f"must be a list of axes, got {self.mesh_order!r}", "e.g. pp,dp,tp")
-        order = tuple(str(a) for a in self.mesh_order)
-        if sorted(order) != sorted(AXES):
-            raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
-        object.__setattr__(self, "mesh_order", order)
+        object.__setattr__(self, "mesh_order", mesh_order_of(self.mesh_order))
         if self.global_batch % (self.dp * self.microbatch):
             raise ConfigError(
                 "global_batch",
@@ -196,7 +258,12 @@ class ParallelConfig:
     # ----- derived -------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def degrees_text(self) -> str:
+        """``dp(2)*tp(4)*pp(2)``, with ``*cp(N)`` when context parallel: the factors of the world size."""
+        return f"dp({self.dp})*tp({self.tp})*pp({self.pp})" + (f"*cp({self.cp})" if self.cp > 1 else "")
 
     @property
     def num_microbatches(self) -> int:
@@ -210,10 +277,10 @@ class ParallelConfig:
         return self.pp * self.virtual_stages
 
     def axis_size(self, axis: str) -> int:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}[axis]
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp}[axis]
 
-    def rank_of(self, *, dp: int = 0, tp: int = 0, pp: int = 0) -> int:
-        coords = {"dp": dp, "tp": tp, "pp": pp}
+    def rank_of(self, *, dp: int = 0, tp: int = 0, pp: int = 0, cp: int = 0) -> int:
+        coords = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
         r = 0
         for a in self.mesh_order:
             r = r * self.axis_size(a) + coords[a]
@@ -268,10 +335,17 @@ class ParallelConfig:
             raise ConfigError(
                 "tp", f"tp({self.tp}) does not divide the FFN size {model.ffn_size}", "pick tp dividing ffn"
             )
-        if self.sequence_parallel and model.seq % self.tp:
+        if self.cp > 1 and model.seq % (2 * self.cp):
+            # Causal load balance: the sequence is cut into 2·cp chunks, rank i keeps chunks i and
+            # 2·cp−1−i (Megatron-LM / Transformer Engine context parallelism).
+            raise ConfigError(
+                "cp", f"sequence {model.seq} is not divisible by 2*cp = {2 * self.cp} (two chunks per cp rank)",
+                f"use a cp among {[c for c in range(2, 65) if model.seq % (2 * c) == 0][:6]} or cp 1",
+            )
+        if self.sequence_parallel and (model.seq // self.cp) % self.tp:
             raise ConfigError(
                 "sequence_parallel",
-                f"sequence {model.seq} is not divisible by tp({self.tp})",
+                f"sequence {model.seq} / cp({self.cp}) is not divisible by tp({self.tp})",
                 "disable sequence parallelism",
             )
         if self.partition is not None:
@@ -310,6 +384,10 @@ class ParallelConfig:
         from paratrain.spec._files import check_keys
 
         check_keys(doc, cls, field, "parallel-config", expected_kind="a parallel config", required=False)
+        if isinstance(doc.get("optimizer_sharding"), bool) and "sharding" in doc and (
+                sharding_level(doc["sharding"], f"{field} sharding") != "none") != doc["optimizer_sharding"]:
+            raise ConfigError(f"{field} optimizer_sharding", f"{doc['optimizer_sharding']} contradicts sharding "
+                              f"{doc['sharding']!r}", "drop optimizer_sharding (sharding supersedes it)")
         try:
             return cls(**doc)
         except TypeError as e:
@@ -317,6 +395,12 @@ class ParallelConfig:
 
     def with_overrides(self, **kw: Any) -> ParallelConfig:
         changes = {k: v for k, v in kw.items() if v is not None}
+        # The level and its "anything sharded" flag move together: a given sharding wins, a given
+        # optimizer_sharding alone sets the legacy level (or none).
+        if "sharding" in changes:
+            changes["optimizer_sharding"] = sharding_level(changes["sharding"]) != "none"
+        elif "optimizer_sharding" in changes and changes["optimizer_sharding"] != self.optimizer_sharding:
+            changes["sharding"] = sharding_level(changes["optimizer_sharding"], "optimizer_sharding")
         return dataclasses.replace(self, **changes) if changes else self
 
 

@@ -124,6 +124,7 @@ class PipelineInputs:
     optimizer_s: tuple[float, ...]
     overlap_grad_reduce: bool = True
     extra_static_bytes: tuple[float, ...] = ()  # per rank, e.g. Chimera's second replica
+    step_wait_s: float = 0.0  # the step's wait for the slowest rank (cost.dp_reduction.skew_s)
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def estimate(config: ParallelConfig, inputs: PipelineInputs) -> Estimate:
         end += sum(inputs.param_gather_s[k] for k in ks)
         exposed_reduce = max(exposed_reduce, end - t_pipe + inputs.optimizer_s[r])
     opt = max(inputs.optimizer_s)
-    iteration = t_pipe + exposed_reduce
+    iteration = t_pipe + exposed_reduce + inputs.step_wait_s
 
     # Idle = iteration - busy, busy = compute and the optimizer step (the simulator's definition).
     busy = [m * (f + b) + o for f, b, o in zip(st.fwd, st.bwd, inputs.optimizer_s, strict=True)]

@@ -100,6 +100,9 @@ def dp_group(config: ParallelConfig, stage: int) -> tuple[int, ...]:
     Ranks are mixed-radix numbers over ``mesh_order`` (outermost first), so the group is an
     arithmetic progression with the data-parallel axis's stride.
     """
+    if config.cp > 1:
+        # Parameters are replicated over cp too: gradients reduce over the dp-cp group (Megatron-LM).
+        return tuple(config.rank_of(pp=stage, dp=d, cp=k) for d in range(config.dp) for k in range(config.cp))
     stride = 1
     for axis in reversed(config.mesh_order):
         if axis == "dp":
@@ -112,7 +115,8 @@ def dp_group(config: ParallelConfig, stage: int) -> tuple[int, ...]:
 def _collective(backend: CostBackend, cluster: ClusterSpec, kind: str, nbytes: float, ranks: tuple[int, ...]) -> float:
     if len(ranks) <= 1 or nbytes <= 0:
         return 0.0
-    key = ("coll", kind, int(nbytes), ranks if len(ranks) <= 2 else (len(ranks), ranks[0], ranks[1]))
+    # (a dp-cp group need not be an arithmetic progression: its last rank tells such groups apart)
+    key = ("coll", kind, int(nbytes), ranks if len(ranks) <= 2 else (len(ranks), ranks[0], ranks[1], ranks[-1]))
     cache = backend.cache.collectives
     hit = cache.get(key)
     if hit is None:
@@ -152,10 +156,15 @@ def pipeline_inputs(
     # Under optimizer-state sharding the reduction is a reduce-scatter of the gradients and an
     # all-gather of the updated parameters (ZeRO-1, Rajbhandari et al. 2020), both on the
     # communication stream.
+    from paratrain.cost.dp_reduction import default_skew_cv, grad_reduce_bytes, skew_s
+
     grad = []
     for ck in chunks:
-        if config.optimizer_sharding:
-            t = _collective(backend, cluster, "reduce_scatter", ck.grad_reduce_bytes, group) + _collective(
+        reduced = grad_reduce_bytes(ck.grad_reduce_bytes, config.dtype)  # bf16 gradients reduce in fp32
+        if config.sharding in ("zero2", "zero3"):
+            t = 0.0  # FSDP reduce-scatters inside every micro-batch's backward (in the chunk costs)
+        elif config.optimizer_sharding:
+            t = _collective(backend, cluster, "reduce_scatter", reduced, group) + _collective(
                 backend, cluster, "all_gather", ck.weight_bytes, group
             )
         elif config.compression != "none" and len(group) > 1:  # sparse or low-rank (cost.compress)
@@ -165,7 +174,7 @@ def pipeline_inputs(
             t = compressed_reduce_s(config.compression, config.compression_density, ck.grad_reduce_bytes,
                                     dtype_bytes(config.dtype), group, cluster)
         else:
-            t = _collective(backend, cluster, "all_reduce", ck.grad_reduce_bytes, group)
+            t = _collective(backend, cluster, "all_reduce", reduced, group)
         grad.append(t)
     gather = [0.0] * n
     st = stats if stats is not None else RankStats.of(chunks, p)
@@ -173,6 +182,10 @@ def pipeline_inputs(
     extra = chimera_extra_bytes(config, st)
     if extra:
         opt = [o + opt[p - 1 - r] for r, o in enumerate(opt)]
+    # The step waits for the slowest of all ranks, as the simulator charges it (sync schedules).
+    cv = 0.0 if config.schedule.is_async else default_skew_cv(cluster.device)
+    wait = skew_s(config.num_microbatches * max(f + b for f, b in zip(st.fwd, st.bwd, strict=True)),
+                  config.world_size, cv)
     return PipelineInputs(
         stats=st,
         p2p_s=p2p,
@@ -181,4 +194,5 @@ def pipeline_inputs(
         optimizer_s=tuple(opt),
         overlap_grad_reduce=overlap_grad_reduce,
         extra_static_bytes=extra,
+        step_wait_s=wait,
     )

@@ -36,7 +36,7 @@ __all__ = [
     "vtrain_samples", "public_samples",
 ]
 
-DEVICES = ("a100", "h100")
+DEVICES = ("a100", "h100", "h100-hbm2e")  # the keys of publicruns.DEVICE_CLUSTERS: one calibration each
 FIT_NAMES = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "link_scale", "host_issue_s")
 _BOUNDS = {
     "gemm_efficiency": (0.3, 1.0),
@@ -51,7 +51,7 @@ _SCALE = {"host_issue_s": 1e-5}  # fitted in units of 10 µs
 @dataclass(frozen=True)
 class Sample:
     source: str
-    device: str  # a100 | h100
+    device: str  # a100 | h100 | h100-hbm2e
     run: MeasuredRun | PublicRun
     measured_s: float
 

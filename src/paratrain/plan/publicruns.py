@@ -13,7 +13,13 @@ How a row becomes a prediction:
   positions, tied, biases), bf16;
 - **cluster**: ``dgx-a100`` or ``dgx-h100`` resized to the row's GPUs (the A100 rows that state
   their network have 1,600 Gb/s per node, the DGX A100's 8 × 200 Gb/s; torchtitan's H100s have
-  400 Gb/s per GPU, the DGX H100's);
+  400 Gb/s per GPU, the DGX H100's); torchtitan's 96 GB HBM2e, 500 W H100s get the
+  ``h100-96gb-hbm2e`` device preset (device key ``h100-hbm2e``, :data:`DEVICE_CLUSTERS`), so each
+  H100 part has its own calibration;
+- **precision**: FP8 rows run the linear layers' GEMMs in FP8 (``ParallelConfig.gemm_dtype``):
+  current scaling for torchao's Float8 and Megatron-Bridge's FP8-CS, delayed scaling for
+  Transformer Engine's default recipe (NeMo, Composer's ``amp_fp8``); Megatron rows keep their
+  interleaved schedule (``virtual_stages``) and fused kernels;
 - **data parallelism**: FSDP (FULL_SHARD, FSDP2) and SHARD_GRAD_OP through
   :func:`paratrain.cost.sharding.fsdp_microbatch_s`, gradients reduced in fp32 (torchtitan's
   ``mixed_precision_reduce`` default, Composer's ``DEFAULT`` mixed precision; ``PURE`` reduces in
@@ -27,9 +33,9 @@ How a row becomes a prediction:
   attention;
 - **attention**: flash unless the row says the run had no FlashAttention (then ``math``).
 
-Rows the model cannot take are skipped with the reason (:attr:`PublicRuns.skipped`): FP8 rows (the
-FP8 GEMMs and their scaling kernels are not modelled), rows with an unknown micro-batch, context
-parallelism (cp > 1) and pipelines under FSDP.
+Rows the model cannot take are skipped with the reason (:attr:`PublicRuns.skipped`): rows with an
+unknown micro-batch. Context-parallel rows (cp > 1) are predicted with ring attention
+(:mod:`paratrain.cost.context_parallel`), FSDP sharding over dp × cp.
 """
 
 from __future__ import annotations
@@ -115,6 +121,9 @@ class PublicRun:
     tag: str  # A | B | C: the table's reliability tag
     tokens_per_s_per_gpu: float
     line: int
+    gemm_dtype: str | None = None  # None (the bf16 rows) | fp8 (current scaling) | fp8-delayed
+    virtual_stages: int = 1  # > 1: Megatron's interleaved schedule
+    cp: int = 1  # context parallelism (ring attention; cost.context_parallel)
 
     @property
     def time_s(self) -> float:
@@ -163,9 +172,9 @@ def _recompute(text: str) -> str:
 
 def _sharding(opts: str) -> tuple[str, bool]:
     """(data-parallel implementation, gradients reduced in the 16-bit dtype)."""
-    o = opts.lower()
+    o = opts.lower().replace("fsdp=0", "")  # Megatron-Bridge's "DDP (FSDP=0)": no FSDP
     pure = "mode pure" in o
-    if "shard_grad_op" in o:
+    if "shard_grad_op" in o or "no reshard after forw" in o:  # Llama 3's FSDP keeps parameters gathered
         return "zero2", pure
     if "fsdp" in o or "full_shard" in o:
         return "fsdp", pure
@@ -176,18 +185,41 @@ def _sharding(opts: str) -> tuple[str, bool]:
 
 def _fused(opts: str) -> bool:
     """torch.compile fuses the element-wise kernels; the flash-attention repository's runs use its
-    fused MLP / dropout-add-LayerNorm kernels."""
+    fused MLP / dropout-add-LayerNorm kernels; Megatron-Core runs its fused kernels (bias-GeLU,
+    bias-dropout-add, Transformer Engine's fused norms and FP8 cast-transposes)."""
     o = opts.lower().replace("no torch.compile", "")
-    return "torch.compile" in o or "fused" in o or "flashattention-2" in o
+    return any(w in o for w in ("torch.compile", "fused", "flashattention-2", "megatron-core", "transformer engine"))
 
 
 def _device(gpu_type: str) -> str | None:
+    """``a100``, ``h100`` (the SXM5 80 GB part) or ``h100-hbm2e`` (torchtitan's Grand Teton parts,
+    96 GB HBM2e at 500 W: the ``h100-96gb-hbm2e`` preset), the keys of :data:`DEVICE_PRESETS`."""
     g = gpu_type.lower()
     if g.startswith("a100"):
         return "a100"
     if g.startswith("h100"):
-        return "h100"
+        return "h100-hbm2e" if "hbm2e" in g else "h100"
     return None
+
+
+def _fp8_scaling(opts: str) -> str:
+    """torchao's Float8 (torchtitan; tensorwise dynamic scaling by default) and Megatron-Bridge's
+    "FP8 current scaling" compute each scale from the tensor being cast (``fp8``); Transformer
+    Engine's default recipe, which NeMo 24.07 and Composer's ``amp_fp8`` use, is delayed scaling
+    (``fp8-delayed``)."""
+    o = opts.lower()
+    return "fp8" if "current scaling" in o or "float8" in o else "fp8-delayed"
+
+
+# Megatron pads the vocabulary to a multiple of 128 × tp (``--make-vocab-size-divisible-by``); the
+# GPT-3 rows that leave the vocabulary open use GPT-2's BPE (50,257 tokens), as GPT-3 did (Brown et
+# al. 2020, sec. 2.1).
+_GPT2_VOCAB = 50257
+
+
+def _padded_gpt2_vocab(tp: int) -> int:
+    step = 128 * tp
+    return -(-_GPT2_VOCAB // step) * step
 
 
 def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
@@ -205,9 +237,11 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
         def skip(reason: str, line: int = line, src: str = src) -> None:
             skipped.append((line, src, reason))
 
-        if row["precision"].strip().lower() != "bf16":
-            skip(f"{row['precision']} (FP8 GEMMs are not modelled)")
+        precision = row["precision"].strip().lower()
+        if precision not in ("bf16", "fp8"):
+            skip(f"precision {row['precision']} (not modelled)")
             continue
+        gemm_dtype = _fp8_scaling(row["other_opts"]) if precision == "fp8" else None
         device = _device(row["gpu_type"])
         if device is None:
             skip(f"GPU {row['gpu_type']!r} has no preset")
@@ -215,17 +249,13 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
         if not row["microbatch"].strip().isdigit():
             skip("micro-batch not published")
             continue
-        if row["cp"].strip() not in ("1", ""):
-            skip(f"context parallelism cp={row['cp']} (not modelled)")
-            continue
         tp, pp, dp = _int(row, "tp", where), _int(row, "pp", where), _int(row, "dp", where)
+        cp = _int(row, "cp", where) if row["cp"].strip() else 1
         sharding, pure = _sharding(row["other_opts"])
-        if pp > 1 and sharding in ("fsdp", "zero2"):
-            skip("pipeline under FSDP (not modelled)")
-            continue
         gpus = _int(row, "gpus", where)
-        if tp * pp * dp != gpus:
-            raise ConfigError(where, f"tp*pp*dp = {tp * pp * dp} is not the {gpus} GPUs", "fix the layout columns")
+        if tp * pp * dp * cp != gpus:
+            raise ConfigError(where, f"tp*pp*dp*cp = {tp * pp * dp * cp} is not the {gpus} GPUs",
+                              "fix the layout columns")
         heads_text = row["heads"].strip()
         heads = int(heads_text) if heads_text.isdigit() else _GPT3_HEADS_DEFAULT
         kv_text = row["kv_heads"].strip()
@@ -233,6 +263,8 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
         name = row["model"].strip()
         family = "llama" if name.lower().startswith("llama") else "mpt" if name.lower().startswith("mpt") else "gpt3"
         attention = "math" if row["flash_attention"].strip().lower().startswith("no") else "flash"
+        vs_text = (row.get("virtual_stages") or "").strip()
+        vs = int(vs_text) if vs_text.isdigit() and pp > 1 else 1
         tag_match = re.match(r"\[([ABC])", row["notes"].strip())
         try:
             tps = float(row["tokens_per_s_per_gpu"].replace(",", ""))
@@ -244,7 +276,9 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
         run = PublicRun(
             source=src, model_name=name, device=device, gpus=gpus, layers=_int(row, "layers", where),
             hidden=_int(row, "hidden", where), heads=heads, kv_heads=kv, ffn=_int(row, "ffn_hidden", where),
-            seq=_int(row, "seq", where), vocab=_int(row, "vocab", where), tp=tp, pp=pp, dp=dp,
+            seq=_int(row, "seq", where), tp=tp, pp=pp, dp=dp, cp=cp,
+            vocab=_int(row, "vocab", where) if row["vocab"].strip() or family != "gpt3" else _padded_gpt2_vocab(tp),
+            gemm_dtype=gemm_dtype, virtual_stages=vs,
             microbatch=_int(row, "microbatch", where), global_batch=_int(row, "global_batch", where),
             recompute=_recompute(row["activation_recompute"]), attention=attention, sharding=sharding,
             reduce_bytes=2 if pure else _FSDP_REDUCE_BYTES, sequence_parallel=tp > 1, fused=_fused(row["other_opts"]),
@@ -274,11 +308,40 @@ def run_model(run: PublicRun) -> ModelSpec:
 
 
 def run_config(run: PublicRun) -> ParallelConfig:
+    """The run's layout. Pipelines under FSDP carry their sharding level: the simulator charges it
+    in the chunk costs (:mod:`paratrain.cost.sharding`, FSDP inside each stage); without a
+    pipeline :func:`predict_step_s` composes the FSDP units itself."""
     rc = Recompute.FULL if run.recompute == "full" else Recompute.NONE
+    # (zero1 pipelines stay as they were modelled: Megatron's distributed optimizer, 12c's part)
+    level = {"fsdp": "zero3", "zero2": "zero2"}.get(run.sharding, "none") if run.pp > 1 else "none"
     return ParallelConfig(
-        dp=run.dp, tp=run.tp, pp=run.pp, microbatch=run.microbatch, global_batch=run.global_batch, recompute=rc,
-        sequence_parallel=run.sequence_parallel, dtype="bf16", attention=run.attention,
+        sharding=level,
+        dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, microbatch=run.microbatch, global_batch=run.global_batch,
+        recompute=rc,
+        sequence_parallel=run.sequence_parallel, dtype="bf16", attention=run.attention, gemm_dtype=run.gemm_dtype,
+        schedule="interleaved" if run.virtual_stages > 1 else "1f1b", virtual_stages=run.virtual_stages,
     )
+
+
+# The clusters the rows run on, by PublicRun.device: (cluster preset, device preset).
+DEVICE_CLUSTERS = {
+    "a100": ("dgx-a100", "a100-80gb"),
+    "h100": ("dgx-h100", "h100"),
+    "h100-hbm2e": ("dgx-h100", "h100-96gb-hbm2e"),
+}
+
+
+def public_clusters() -> dict[str, ClusterSpec]:
+    """One cluster per device key of the rows: the DGX presets, the H100 HBM2e parts on the DGX H100's
+    network (torchtitan's Grand Teton: 400 Gb/s per GPU, as the DGX H100)."""
+    from paratrain.spec.cluster import resolve_cluster
+    from paratrain.spec.device import resolve_device
+
+    out = {}
+    for key, (cluster, device) in DEVICE_CLUSTERS.items():
+        c = resolve_cluster(cluster)
+        out[key] = c if c.device.name == device else dataclasses.replace(c, device=resolve_device(device))
+    return out
 
 
 def run_cluster(run: PublicRun, clusters: dict[str, ClusterSpec]) -> ClusterSpec:
@@ -305,6 +368,7 @@ def _layer_split(
 def predict_step_s(run: PublicRun, cluster: ClusterSpec) -> float:
     """Predicted step time of ``run`` on ``cluster`` (already sized to its GPUs)."""
     from paratrain.cost.collectives import collective_time
+    from paratrain.cost.dp_reduction import OVERLAP_SLOWDOWN, skew_s
     from paratrain.cost.optimizer import optimizer_step_s
     from paratrain.cost.sharding import ShardedUnit, fsdp_microbatch_s
     from paratrain.cost.stage import chunk_costs
@@ -328,7 +392,10 @@ def predict_step_s(run: PublicRun, cluster: ClusterSpec) -> float:
     else:
         layer_bwds = [layer_bwd] * model.layers
     e = 2
-    dp_ranks = config.group_ranks("dp")[0]
+    # Parameters are replicated over cp: FSDP / DDP shard and reduce over dp × cp (torchtitan's
+    # dp_shard_cp mesh, Megatron's dp-cp group).
+    dp_ranks = tuple(config.rank_of(dp=d, cp=k) for d in range(config.dp) for k in range(config.cp))
+    n_shard = config.dp * config.cp
     emb_bytes = -(-model.vocab // config.tp) * model.hidden * e
     head_bytes = max(0.0, ends["weight_bytes"] - emb_bytes)
 
@@ -344,19 +411,22 @@ def predict_step_s(run: PublicRun, cluster: ClusterSpec) -> float:
         scale = run.reduce_bytes / e
         units = [ShardedUnit(f, b, comm("all_gather", g), comm("reduce_scatter", g * scale))
                  for (f, b), g in zip(computes, grads, strict=True)]
-        mb_s, _ = fsdp_microbatch_s(units, reshard_after_forward=run.sharding == "fsdp")
+        mb_s, _ = fsdp_microbatch_s(units, reshard_after_forward=run.sharding == "fsdp", slowdown=OVERLAP_SLOWDOWN)
         step = nmb * mb_s
     else:
         plain = sum(f + b for f, b in computes)
-        units = [ShardedUnit(f, b, 0.0, comm("all_reduce", g)) for (f, b), g in zip(computes, grads, strict=True)]
-        last, _ = fsdp_microbatch_s(units, reshard_after_forward=False)
+        units = [ShardedUnit(f, b, 0.0, comm("all_reduce", g * run.reduce_bytes / e))
+                 for (f, b), g in zip(computes, grads, strict=True)]
+        last, _ = fsdp_microbatch_s(units, reshard_after_forward=False, slowdown=OVERLAP_SLOWDOWN)
         step = (nmb - 1) * plain + last
         if run.sharding == "zero1":
             step += comm("all_gather", sum(grads))
-    shard = config.dp if sharded or run.sharding == "zero1" else 1
+    # Every rank waits at the step's synchronisation for the slowest (cost.dp_reduction.skew_s).
+    step += skew_s(nmb * sum(f + b for f, b in computes), run.gpus)
+    shard = n_shard if sharded or run.sharding == "zero1" else 1
     params = whole.weight_bytes / e
-    step += optimizer_step_s(whole.weight_bytes / (config.dp if sharded else 1), whole.grad_bytes / (
-        config.dp if sharded else 1), params * 12 / shard, cluster.device)
+    step += optimizer_step_s(whole.weight_bytes / (n_shard if sharded else 1), whole.grad_bytes / (
+        n_shard if sharded else 1), params * 12 / shard, cluster.device)
     return step
 
 

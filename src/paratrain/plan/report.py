@@ -43,12 +43,14 @@ LAYOUT_FIELDS = (
     "dp",
     "tp",
     "pp",
+    "cp",
     "microbatch",
     "schedule",
     "virtual_stages",
     "recompute",
     "sequence_parallel",
     "optimizer_sharding",
+    "sharding",
     "mesh_order",
 )
 
@@ -110,6 +112,7 @@ def plan_document(model: ModelSpec, cluster: ClusterSpec, result: PlanResult) ->
     """The winner's interface keys, the chosen config as a run document, and the ranking."""
     win = result.winner
     doc = winner_keys(win)
+    doc["sharding"] = win.config.sharding
     doc["config"] = {"parallel": win.config.to_dict(), "model": model.to_dict(), "cluster": cluster.to_dict()}
     doc["candidates"] = [candidate_row(c) for c in result.ranked]
     doc["rejected"] = dict(sorted(result.rejected.items()))
@@ -157,12 +160,15 @@ def winner_breakdown(
     lines = [
         ("model", f"{model.name}: {model.param_count() / 1e9:.1f}B parameters, {model.layers} layers"),
         ("cluster", f"{cfg.world_size} × {cluster.device.name} ({cluster.name}, {cluster.nodes} nodes)"),
-        ("layout dp × tp × pp", f"{cfg.dp} × {cfg.tp} × {cfg.pp}, mesh {','.join(cfg.mesh_order)} (outermost first)"),
+        ("layout dp × tp × pp × cp", f"{cfg.dp} × {cfg.tp} × {cfg.pp} × {cfg.cp}, mesh {','.join(cfg.mesh_order)}"
+         " (outermost first)"),
         ("micro-batch / micro-batches", f"{cfg.microbatch} / {cfg.num_microbatches} per replica"),
         ("schedule", sched),
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
-        ("optimizer-state sharding", "on" if cfg.optimizer_sharding else "off"),
+        ("sharded data parallel", {"none": "off", "zero1": "zero1 (optimizer state)",
+                                   "zero2": "zero2 (optimizer state, gradients)",
+                                   "zero3": "zero3 (optimizer state, gradients, parameters)"}[cfg.sharding]),
         ("gradient compression", "off (dense all-reduce)" if cfg.compression == "none" else cfg.compression
          + ("" if cfg.compression == "powersgd" else f", density {cfg.compression_density:g}")),
         ("layers per chunk", _runs(parts) + (" (balanced)" if cfg.partition is not None else " (even)")),

@@ -36,6 +36,7 @@ from paratrain.plan.analytic import (
 from paratrain.plan.backend import CostBackend, PlanCache, default_backend, pipeline_inputs
 from paratrain.plan.partition import LayerCost, partition_fast
 from paratrain.plan.space import (
+    CP_MIN_SEQ,
     Pins,
     Rejections,
     layouts,
@@ -137,14 +138,16 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
         config.dp,
         config.tp,
         config.pp,
+        config.cp,
         config.virtual_stages,
         config.microbatch,
         config.recompute,
         config.sequence_parallel,
-        config.optimizer_sharding,
+        config.sharding,
         config.partition,
         config.dtype,
         config.attention,
+        config.gemm_dtype,
         None if tp_inner else config.mesh_order,
         config.schedule is ScheduleName.ZB_H1,
     )
@@ -305,8 +308,13 @@ def plan(
     memory_limit_bytes: float | None = None,
     overlap_grad_reduce: bool = True,
     confirm_budget_s: float = 10.0,
+    with_cp: bool | None = None,
 ) -> PlanResult:
     """Search the configurations of ``model`` on all of ``cluster``'s devices.
+
+    ``with_cp``: search every context-parallel degree (True), or only the pruned set of long
+    sequences (None: :func:`paratrain.plan.space.layouts`; when nothing fits the search is repeated
+    with every degree).
 
     Raises:
         ConfigError: no configuration divides the batch, or none fits in memory (the message says
@@ -331,7 +339,7 @@ def plan(
     rejected = Rejections()
     flash = resolve_attention(pins.attention, cluster.device) == "flash"
     grid: list[tuple[list[int], list[ParallelConfig]]] = []
-    for lay in layouts(model, cluster, global_batch, pins, rejected):
+    for lay in layouts(model, cluster, global_batch, pins, rejected, with_cp=with_cp):
         mbs = microbatches(global_batch, lay, pins, rejected)
         cfgs = list(variants(model, global_batch, lay, pins, mbs[0], flash=flash)) if mbs else []
         if cfgs:
@@ -394,6 +402,12 @@ def plan(
         progress(total, total)
     results = [c for _, _, c in sorted(best, reverse=True)]
     evaluated = n_evaluated
+    if not results and with_cp is None and pins.cp is None:
+        # Nothing fits: context parallelism divides the activations by cp, so search every degree
+        # (short sequences included, rings across nodes included).
+        return plan(model, cluster, global_batch, pins=pins, top=top, confirm=confirm, refine=refine,
+                    backend=backend, progress=progress, memory_limit_bytes=memory_limit_bytes,
+                    overlap_grad_reduce=overlap_grad_reduce, confirm_budget_s=confirm_budget_s, with_cp=True)
     if not results:
         _nothing_fits(model, cluster, global_batch, rejected, leanest, capacity)
 
@@ -466,9 +480,10 @@ def _no_layout(model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: 
             + (f" with micro-batch {pins.microbatch}" if pins.microbatch else ""),
             "use a global batch with more factors of two (e.g. a multiple of the GPU count)",
         )
-    pinned = [(n, getattr(pins, n)) for n in ("dp", "tp", "pp") if getattr(pins, n) is not None]
+    pinned = [(n, getattr(pins, n)) for n in ("dp", "tp", "pp", "cp") if getattr(pins, n) is not None]
     product = math.prod(v for _, v in pinned)
-    if (len(pinned) == 3 and product != world) or world % product:
+    every = len(pinned) == 4 or (len(pinned) == 3 and pins.cp is None and model.seq < CP_MIN_SEQ)
+    if (every and product != world) or world % product:
         shown = "*".join(f"{n}({v})" for n, v in pinned)
         raise ConfigError(pinned[-1][0], f"{shown} = {product} does not fit {world} GPUs",
                           f"pin degrees whose product divides {world} (all three: equals it)")
@@ -531,7 +546,7 @@ def _smallest_fitting_gpus(model: ModelSpec, cluster: ClusterSpec, global_batch:
             big = cluster.resized(gpus=gpus)
         except ConfigError:
             return None
-        pins = Pins(microbatch=1, recompute=Recompute.FULL, optimizer_sharding=True, schedule=ScheduleName.ONE_F_ONE_B)
+        pins = Pins(microbatch=1, recompute=Recompute.FULL, sharding="zero3", schedule=ScheduleName.ONE_F_ONE_B)
         rej = Rejections()
         for lay in layouts(model, big, global_batch, pins, rej):
             if global_batch % lay.dp:

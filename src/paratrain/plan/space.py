@@ -13,8 +13,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from paratrain.errors import ConfigError
-from paratrain.parallel.config import AXES, MAX_MICROBATCHES, ParallelConfig, Recompute, ScheduleName
+from paratrain.errors import ConfigError, require_positive_int
+from paratrain.parallel.config import (
+    MAX_MICROBATCHES,
+    SHARDINGS,
+    ParallelConfig,
+    Recompute,
+    ScheduleName,
+    mesh_order_of,
+    sharding_level,
+)
 from paratrain.schedule.registry import rule_violation
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
@@ -25,6 +33,7 @@ __all__ = [
     "Rejections",
     "DEFAULT_SCHEDULES",
     "REASONS",
+    "CP_MIN_SEQ",
     "divisors",
     "layouts",
     "schedule_rule_ok",
@@ -41,6 +50,17 @@ DEFAULT_SCHEDULES = (
     ScheduleName.CHIMERA,
 )
 
+# Context parallelism is searched from this sequence length on (Megatron-LM enables it for long
+# contexts: Llama 3 405B trained at 8K with cp 1 and extended to 128K with cp 16, Dubey et al. 2024,
+# sec. 3.3.2 / table 4); below it, only when no layout without it fits in memory (search.plan).
+CP_MIN_SEQ = 4096
+MAX_SEARCHED_CP = 16  # larger rings leave the node and hide less of their transfers
+# Pruning (lifted when nothing fits): the ring stays inside a node with the tensor-parallel group
+# (tp·cp ≤ GPUs per node, Megatron's placement of cp next to tp), and each rank keeps at least this
+# many tokens, so that a block's attention (∝ (s/cp)²) can hide its K/V transfer (∝ s/cp). A search
+# heuristic, not a measured threshold.
+CP_MIN_TOKENS_PER_RANK = 2048
+
 # Rejection reasons, in the order the table prints them.
 REASONS = {
     "tp_indivisible": "tp does not divide heads / kv-heads / FFN",
@@ -49,6 +69,7 @@ REASONS = {
     "too_many_microbatches": f"more micro-batches per pipeline than the limit ({MAX_MICROBATCHES:,})",
     "schedule_rule": "schedule's rule on stages / micro-batches violated",
     "tp_crosses_nodes": "tensor parallel group larger than a node",
+    "cp_indivisible": "2 × cp does not divide the sequence",
     "partition_mismatch": "pinned partition has another number of chunks",
     "out_of_memory": "peak memory above usable device memory",
     "slower_than_top": "busiest rank's compute alone slower than the best found",
@@ -73,7 +94,10 @@ class Pins:
     virtual_stages: int | None = None
     recompute: Recompute | None = None
     sequence_parallel: bool | None = None
-    optimizer_sharding: bool | None = None
+    optimizer_sharding: bool | None = None  # the former flag: True pins the legacy level (zero2)
+    sharding: str | None = None  # a level of SHARDINGS; None: every level where dp > 1
+    # context-parallel degree; None: searched where the sequence is long (CP_MIN_SEQ) or memory needs it
+    cp: int | None = None
     mesh_order: tuple[str, ...] | None = None
     partition: tuple[int, ...] | None = None
     schedules: tuple[ScheduleName, ...] = DEFAULT_SCHEDULES
@@ -81,20 +105,24 @@ class Pins:
     max_virtual_stages: int = 16
     tp_across_nodes: bool = False  # allow tensor-parallel groups that leave the node
     attention: str | None = None  # flash or math; None: what the device runs
+    gemm_dtype: str | None = None  # fp8 / fp8-delayed: FP8 linear layers (ParallelConfig.gemm_dtype)
     # gradient reductions weighed against each other where dp > 1 (ParallelConfig.compression)
     compressions: tuple[str, ...] = ("none",)
     compression_density: float = 0.01
 
     def __post_init__(self) -> None:
+        if self.sharding is not None:
+            object.__setattr__(self, "sharding", sharding_level(self.sharding))
+        elif self.optimizer_sharding is not None:
+            object.__setattr__(self, "sharding", sharding_level(self.optimizer_sharding, "optimizer_sharding"))
         if self.schedule is not None:
             object.__setattr__(self, "schedule", ScheduleName(self.schedule))
         if self.recompute is not None:
             object.__setattr__(self, "recompute", Recompute(self.recompute))
         if self.mesh_order is not None:
-            order = tuple(self.mesh_order)
-            if sorted(order) != sorted(AXES):
-                raise ConfigError("mesh_order", f"must be a permutation of {AXES}, got {order}", "e.g. pp,dp,tp")
-            object.__setattr__(self, "mesh_order", order)
+            object.__setattr__(self, "mesh_order", mesh_order_of(self.mesh_order))
+        if self.cp is not None:
+            require_positive_int("cp", self.cp)
         if (
             self.virtual_stages is not None
             and self.virtual_stages > 1
@@ -114,6 +142,7 @@ class Layout:
     dp: int
     tp: int
     pp: int
+    cp: int = 1
 
 
 @dataclass
@@ -125,35 +154,55 @@ class Rejections:
             self.counts[reason] += n
 
 
+def _cps(model: ModelSpec, rest: int, pins: Pins, with_cp: bool | None) -> list[int]:
+    """Context-parallel degrees dividing ``rest`` GPUs: the pinned one, else 1 and, for long
+    sequences (or ``with_cp``), the degrees up to :data:`MAX_SEARCHED_CP`."""
+    if pins.cp is not None:
+        return [pins.cp] if rest % pins.cp == 0 else []
+    if not (model.seq >= CP_MIN_SEQ if with_cp is None else with_cp):
+        return [1]
+    return [c for c in divisors(rest) if c <= MAX_SEARCHED_CP]
+
+
 def layouts(
-    model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: Pins, rejected: Rejections
+    model: ModelSpec, cluster: ClusterSpec, global_batch: int, pins: Pins, rejected: Rejections,
+    *, with_cp: bool | None = None,
 ) -> list[Layout]:
-    """Every dp × tp × pp = GPU count that the model's shape allows, rejections counted."""
+    """Every dp × tp × pp × cp = GPU count that the model's shape allows, rejections counted.
+
+    ``with_cp``: search context parallelism (default: for sequences of :data:`CP_MIN_SEQ` or more)."""
     world = cluster.num_devices
-    for name in ("dp", "tp", "pp"):
+    for name in ("dp", "tp", "pp", "cp"):
         v = getattr(pins, name)
         if v is not None and world % v:
             raise ConfigError(name, f"{name}({v}) does not divide the {world} GPUs", f"pick a divisor of {world}")
     out = []
-    for tp in divisors(world):
-        for pp in divisors(world // tp):
-            dp = world // (tp * pp)
-            if pins.dp not in (None, dp) or pins.tp not in (None, tp) or pins.pp not in (None, pp):
-                continue
-            kv = model.num_kv_heads
-            if model.heads % tp or model.ffn_size % tp or (kv % tp and tp % kv):
-                rejected.add("tp_indivisible")
-                continue
-            if tp > cluster.devices_per_node and not pins.tp_across_nodes and pins.tp is None:
-                rejected.add("tp_crosses_nodes")
-                continue
-            if pp > model.layers:
-                rejected.add("pp_exceeds_layers")
-                continue
-            if global_batch % dp:
-                rejected.add("batch_indivisible")
-                continue
-            out.append(Layout(dp=dp, tp=tp, pp=pp))
+    splits = [(tp, pp, cp) for tp in divisors(world) for pp in divisors(world // tp)
+              for cp in _cps(model, world // (tp * pp), pins, with_cp)]
+    for tp, pp, cp in splits:
+        dp = world // (tp * pp * cp)
+        if pins.dp not in (None, dp) or pins.tp not in (None, tp) or pins.pp not in (None, pp):
+            continue
+        if cp > 1 and model.seq % (2 * cp):
+            rejected.add("cp_indivisible")
+            continue
+        if cp > 1 and pins.cp is None and not with_cp and (
+                tp * cp > cluster.devices_per_node or model.seq // cp < CP_MIN_TOKENS_PER_RANK):
+            continue  # pruned (CP_MIN_TOKENS_PER_RANK): not a rejection, a choice of where to look
+        kv = model.num_kv_heads
+        if model.heads % tp or model.ffn_size % tp or (kv % tp and tp % kv):
+            rejected.add("tp_indivisible")
+            continue
+        if tp > cluster.devices_per_node and not pins.tp_across_nodes and pins.tp is None:
+            rejected.add("tp_crosses_nodes")
+            continue
+        if pp > model.layers:
+            rejected.add("pp_exceeds_layers")
+            continue
+        if global_batch % dp:
+            rejected.add("batch_indivisible")
+            continue
+        out.append(Layout(dp=dp, tp=tp, pp=pp, cp=cp))
     return out
 
 
@@ -230,8 +279,9 @@ def variants(
     offered twice (unless pinned)."""
     recomputes = [pins.recompute] if pins.recompute is not None else [
         r for r in Recompute if not (flash and r is Recompute.SELECTIVE)]
-    sps = _bools(pins.sequence_parallel, layout.tp > 1 and model.seq % layout.tp == 0)
-    zeros = _bools(pins.optimizer_sharding, layout.dp > 1)
+    sps = _bools(pins.sequence_parallel, layout.tp > 1 and (model.seq // layout.cp) % layout.tp == 0)
+    # sharding spans the dp-cp group (parameters are replicated over cp)
+    zeros = [pins.sharding] if pins.sharding is not None else list(SHARDINGS) if layout.dp * layout.cp > 1 else ["none"]
     for order in _mesh_orders(layout, pins):
         for sched, v in _schedule_options(model, layout, pins):
             for zero, comp in _reductions(zeros, pins.compressions, layout.dp, sched):
@@ -241,29 +291,32 @@ def variants(
                             dp=layout.dp,
                             tp=layout.tp,
                             pp=layout.pp,
+                            cp=layout.cp,
                             microbatch=microbatch,
                             global_batch=global_batch,
                             schedule=sched,
                             virtual_stages=v,
                             recompute=rc,
                             sequence_parallel=sp,
-                            optimizer_sharding=zero,
+                            sharding=zero,
                             mesh_order=order,
                             dtype=model.dtype,
                             attention=pins.attention,
+                            gemm_dtype=pins.gemm_dtype,
                             compression=comp,
                             compression_density=pins.compression_density,
                         )
 
 
-def _reductions(zeros: list[bool], compressions: tuple[str, ...], dp: int,
-                schedule: ScheduleName) -> list[tuple[bool, str]]:
-    """(optimizer sharding, compression) pairs: compression needs dp > 1, no sharding (FSDP2
+def _reductions(zeros: list[str], compressions: tuple[str, ...], dp: int,
+                schedule: ScheduleName) -> list[tuple[str, str]]:
+    """(sharding level, compression) pairs: compression needs dp > 1, no sharding (FSDP2
     reduces itself), a synchronous schedule, and gTop-k a power-of-two dp (runtime.config)."""
     out = []
     for zero in zeros:
         for comp in compressions:
-            if comp != "none" and (zero or dp == 1 or schedule.is_async or (comp == "gtopk" and dp & (dp - 1))):
+            gtopk_needs_pow2 = comp == "gtopk" and dp & (dp - 1)
+            if comp != "none" and (zero != "none" or dp == 1 or schedule.is_async or gtopk_needs_pow2):
                 continue
             out.append((zero, comp))
     return out

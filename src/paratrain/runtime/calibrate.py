@@ -490,6 +490,7 @@ def measure_machine(
         import torch
 
         torch.set_num_threads(threads)
+        # alone: no core count recorded (no cluster file carries it), its rates stay as measured
         return measure_cpu(progress=progress), None
     import multiprocessing as mp
 
@@ -521,7 +522,23 @@ def measure_machine(
                 p.join(timeout=10)
                 if p.is_alive():
                     p.terminate()
-    return combine_cpu([results[r][0] for r in range(procs)], threads), results[0][1]
+    cpu = combine_cpu([results[r][0] for r in range(procs)], threads)
+    return {**cpu, "procs": procs, "cores": host_cores()}, results[0][1]
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its CPU affinity: what a container or ``taskset`` grants)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def core_share(procs: int, threads: int, cores: int) -> float:
+    """The fraction of a core each of ``procs`` processes of ``threads`` threads got while all of
+    them computed at once on ``cores`` cores: ``min(1, cores / (procs × threads))`` (the
+    scheduler time-slices them evenly; paratrain.sim.sharing models the same in the simulator)."""
+    return min(1.0, cores / (procs * threads))
 
 
 def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
@@ -554,22 +571,28 @@ def _memory_bytes() -> int:
 
 def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     """A ``cpu`` DeviceSpec whose peaks are the measured rates: GEMM efficiency 1; memory
-    efficiency the element-wise kernels' rate over the copy's."""
-    bw = float(m["memory_bandwidth_Bps"])
+    efficiency the element-wise kernels' rate over the copy's.
+
+    The rates are those of one process alone on a core: when ``m`` records that ``procs``
+    processes of ``threads`` threads measured at once on fewer ``cores`` than threads, each got
+    :func:`core_share` of a core, so rates are divided and per-kernel times multiplied by it
+    (the simulator shares the cores again among the processes computing at each instant)."""
+    share = core_share(int(m.get("procs", 1)), int(m["threads"]), int(m.get("cores", 0))) if m.get("cores") else 1.0
+    bw = float(m["memory_bandwidth_Bps"]) / share
     return dataclasses.replace(
         DEVICE_PRESETS["cpu"],
-        peak_fp32_flops=float(m["peak_fp32_flops"]),
+        peak_fp32_flops=float(m["peak_fp32_flops"]) / share,
         memory_bytes=int(_memory_bytes()),
-        memory_bandwidth_Bps=float(m["memory_bandwidth_Bps"]),
+        memory_bandwidth_Bps=bw,
         sm_count=int(m["threads"]),
         gemm_efficiency=1.0,
         # what element-wise kernels sustain relative to the copy (1 when not measured)
-        memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw)) / bw),
-        kernel_overhead_s=float(m["kernel_overhead_s"]),
+        memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw * share)) / share / bw),
+        kernel_overhead_s=float(m["kernel_overhead_s"]) * share,
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
         duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
-        tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)),
-        tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)),
+        tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * share,
+        tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * share,
     )
 
 

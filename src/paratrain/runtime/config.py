@@ -15,8 +15,8 @@ from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec
 
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
-           "check_model_layout", "check_task", "check_compression", "check_checkpointing", "check_eval",
-           "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac"]
+           "check_context_parallel", "check_model_layout", "check_task", "check_compression", "check_checkpointing",
+           "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
@@ -56,6 +56,12 @@ class TrainConfig:
     # dense steps before gradient compression starts (ParallelConfig.compression); Ok-Topk's code
     # warms up 512 calls on ImageNet-sized runs, a few steps suffice for the tiny models here
     compress_warmup: int = 5
+    # Deep Gradient Compression's corrections (runtime/compress/momentum.py, Lin et al. ICLR'18):
+    # momentum before compression (with --optimizer sgd), its factor masking, and the 25 % -> density
+    # ramp over this many compressed steps (0: none)
+    compress_momentum_correction: bool = False
+    compress_momentum_masking: bool = True
+    compress_density_warmup: int = 0
     task: str = "gpt"
     loader_workers: int = 0  # DataLoader worker processes of the image task (0: in the training process)
     # checkpointing (runtime/checkpoint, CheckFreq): where, how often ('auto', 'N' steps, 'Ns'
@@ -122,6 +128,13 @@ class TrainConfig:
                 or self.compress_warmup < 0:
             raise ConfigError("--compress-warmup", f"must be an integer of at least 0, got {self.compress_warmup!r}",
                               "use e.g. --compress-warmup 5 (dense steps before compression)")
+        if isinstance(self.compress_density_warmup, bool) or not isinstance(self.compress_density_warmup, int) \
+                or self.compress_density_warmup < 0:
+            raise ConfigError("--compress-density-warmup", f"must be an integer of at least 0, got "
+                              f"{self.compress_density_warmup!r}", "use e.g. --compress-density-warmup 20 (0: none)")
+        if self.compress_momentum_correction and self.optimizer != "sgd":
+            raise ConfigError("--compress-momentum-correction", f"moves SGD's momentum before the compression; "
+                              f"--optimizer {self.optimizer} has no such momentum", "add --optimizer sgd")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive finite number of seconds, got {self.timeout_s}",
                               "use e.g. --timeout 60")
@@ -266,6 +279,11 @@ def check_compression(config: ParallelConfig, train: TrainConfig) -> None:
     reduction (the library DDP and FSDP2 paths reduce inside torch), any tp and pp; gTop-k pairs
     ranks, so its reduction group (dp ranks) must be a power of two."""
     name = config.compression
+    dgc = train.compress_momentum_correction or train.compress_density_warmup
+    if dgc and (name in ("none", "powersgd") or config.dp < 2):
+        flag = "--compress-momentum-correction" if train.compress_momentum_correction else "--compress-density-warmup"
+        raise ConfigError(flag, f"applies to a sparse compressor's data-parallel reduction, not to --compress {name} "
+                          f"with dp({config.dp})", "use --compress oktopk (topka, gtopk, gaussiank) and --dp 2 or more")
     if name == "none":
         return
     if train.dp_impl != "paratrain":
@@ -336,7 +354,15 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
             "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
 
 
+def check_context_parallel(config: ParallelConfig) -> None:
+    """The runtime has no ring attention: a cp > 1 layout is for ``plan`` and ``simulate`` only."""
+    if config.cp > 1:
+        raise ConfigError("cp", f"context parallelism is planned and simulated, not run (cp {config.cp})",
+                          "train with --cp 1; predict cp layouts with `paratrain simulate --cp N` or `paratrain plan`")
+
+
 def check_world_size(config: ParallelConfig, world_size: int) -> None:
+    check_context_parallel(config)
     if config.world_size != world_size:
         raise ConfigError(
             "world size",
@@ -347,6 +373,7 @@ def check_world_size(config: ParallelConfig, world_size: int) -> None:
 
 def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
     """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
+    check_context_parallel(config)
     config.validate_for(model, even_layers=config.partition is None)
     if config.tp > 1:
         if model.num_kv_heads % config.tp:

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from .comm import layer as comm
 
 if TYPE_CHECKING:
+    from .compress.momentum import DgcSettings
     from .mesh import RuntimeContext
 
 __all__ = ["GradSync", "NoGradSync", "BucketedAllReduce", "DDPGradSync", "FSDPGradSync", "local_tensor",
@@ -176,20 +177,19 @@ class FSDPGradSync:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
-    @contextlib.contextmanager
-    def accumulate(self) -> Iterator[None]:
-        self.model.set_requires_gradient_sync(False)  # type: ignore[operator]
-        try:
-            yield
-        finally:
-            self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
+    def accumulate(self) -> contextlib.AbstractContextManager[None]:
+        # Every micro-batch's backward reduce-scatters (FSDP's default), so gradients stay sharded
+        # between micro-batches: switching the sync off would accumulate unsharded gradients, the
+        # memory zero2/zero3 exist to save. The cost model charges the same (cost.sharding).
+        return contextlib.nullcontext()
 
     def finish(self) -> None:
         return None
 
 
 def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, bucket_bytes: int,
-                       recorder: SpanRecorder | None = None, compress_warmup: int = 0) -> tuple[nn.Module, GradSync]:
+                       recorder: SpanRecorder | None = None, compress_warmup: int = 0,
+                       dgc: DgcSettings | None = None) -> tuple[nn.Module, GradSync]:
     """``model`` (the whole model, tensor parallelism applied) with data parallelism ``impl``
     ("paratrain", "ddp" or "fsdp") over the mesh's dp axis: the module to run and its GradSync.
     With ``ctx.config.compression`` set, paratrain's reduction compresses
@@ -199,18 +199,20 @@ def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, buck
         from .compress.sync import CompressedGradSync
 
         return model, CompressedGradSync([model], ctx.group("dp"), ctx.config.compression,
-                                         ctx.config.compression_density, warmup=compress_warmup, recorder=recorder)
+                                         ctx.config.compression_density, warmup=compress_warmup, recorder=recorder,
+                                         dgc=dgc)
     if impl == "fsdp" and (dp > 1 or ctx.config.optimizer_sharding):
         from torch.distributed.fsdp import fully_shard
 
         dp_mesh = ctx.submesh("dp")
-        # Parameters stay gathered from forward to the end of backward: one all-gather and one
-        # reduce-scatter per step, the traffic of ZeRO-1/2 that the planner's optimizer-sharding
-        # cost assumes; between steps parameters, gradients and AdamW state are sharded, so memory
-        # never exceeds the planner's estimate.
+        # zero2 keeps each block's gathered parameters from its forward to its backward; zero3
+        # frees them after the forward and gathers them again for the backward. Either way every
+        # micro-batch gathers and reduce-scatters each block once (cost.sharding), and between
+        # steps parameters, gradients and AdamW state are sharded.
+        reshard = ctx.config.sharding == "zero3"
         for block in model.blocks:  # type: ignore[union-attr]
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
         return model, FSDPGradSync(model)
     if dp == 1:
         return model, NoGradSync()

@@ -82,16 +82,19 @@ def maybe_inject_fault(rank: int, step: int) -> None:
 CHECKPOINT_PHASES = ("snapshot", "persist", "marker")
 
 
-def maybe_inject_checkpoint_fault(rank: int, step: int, phase: str) -> None:
+def maybe_inject_checkpoint_fault(rank: int, step: int, phase: str, *, pid: int | None = None) -> None:
     """``PARATRAIN_FAULT=kill-checkpoint:RANK:STEP:PHASE``: SIGKILL global rank RANK while it writes
     the checkpoint of step STEP, in PHASE: ``snapshot`` (half the host copies made), ``persist``
-    (data files written, no marker) or ``marker`` (marker written, not yet renamed into place)."""
+    (data files written, no marker) or ``marker`` (marker written, not yet renamed into place).
+    ``pid``: the rank's process, when the caller is its checkpoint writer process (killed too)."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec.startswith("kill-checkpoint:"):
         return
     _, r, s, ph = spec.split(":")
     if int(r) == rank and int(s) == step and ph == phase:
         log(rank, f"fault injection: killing this rank during the {phase} of checkpoint step {step}", err=True)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

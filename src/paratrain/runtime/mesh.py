@@ -86,8 +86,9 @@ def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: st
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             _rendezvous(backend, rank, world, timeout, dev if use_cuda else None)
-    shape = tuple(config.axis_size(a) for a in config.mesh_order)
-    mesh = init_device_mesh(dev.type, shape, mesh_dim_names=config.mesh_order)
+    # The runtime refuses cp > 1 (runtime.config), so the context-parallel axis has size 1: leave it out.
+    dims = tuple(a for a in config.mesh_order if a != "cp")
+    mesh = init_device_mesh(dev.type, tuple(config.axis_size(a) for a in dims), mesh_dim_names=dims)
     return RuntimeContext(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend,
                           mesh=mesh, config=config, timeout_s=timeout_s)
 

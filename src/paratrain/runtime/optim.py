@@ -97,7 +97,10 @@ class Optimizer:
             # --optimizer sgd: SGD with momentum, the optimizer sparse all-reduce is analysed and
             # trained with (Ok-Topk, Li & Hoefler 2022); decay decoupled as in AdamW (self.step)
             self.decay, self.lr = decay, train.lr
-            self.inner = torch.optim.SGD(params, lr=train.lr, momentum=SGD_MOMENTUM, foreach=False)
+            # --compress-momentum-correction: each rank accumulates the momentum before compression
+            # (DGC, runtime/compress/momentum.py); what arrives is already a sum of momenta
+            momentum = 0.0 if train.compress_momentum_correction else SGD_MOMENTUM
+            self.inner = torch.optim.SGD(params, lr=train.lr, momentum=momentum, foreach=False)
         else:
             self.adamw = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, eps=1e-8, foreach=False)
             self.inner = self.adamw
@@ -111,7 +114,10 @@ class Optimizer:
 
     def clip(self, norm: torch.Tensor) -> float:
         """Scale the gradients by ``min(1, grad_clip / norm)``; ``norm`` is their norm over the ranks
-        that step together. Returns the norm."""
+        that step together. Returns the norm. With ``--compress-momentum-correction`` each rank
+        clipped its own gradient before compression (DGC's local clipping) and nothing is scaled here."""
+        if self.train.compress_momentum_correction:
+            return float(norm)
         return clip_grads_(self.params, norm, self.train.grad_clip)
 
     def step(self) -> None:

@@ -391,12 +391,14 @@ class PipelineExecutor:
     def _compressed_reduce(self, chunk: LocalChunk, group: dist.ProcessGroup) -> None:
         """``R`` with compression: the chunk's whole gradient as one flat view, reduced at once
         (selection needs all of it); averaged with the dense reductions in :meth:`finish_reductions`."""
+        from .compress.momentum import dgc_settings
         from .compress.sync import FlatReducer
 
         key = (chunk.chunk, chunk.replica)
         if key not in self._reducers:
             self._reducers[key] = FlatReducer(self.config.compression, list(chunk.params.values()), group,
-                                              self.config.compression_density, self.train.compress_warmup)
+                                              self.config.compression_density, self.train.compress_warmup,
+                                              dgc_settings(self.train))
         start = time.perf_counter()
         self.compression_stats.append(self._reducers[key].reduce())
         if self.engine.record:

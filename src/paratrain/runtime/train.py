@@ -41,6 +41,7 @@ from paratrain.trace import write_trace
 from . import faults
 from .comm import layer as comm
 from .comm.table import load_table
+from .compress.momentum import dgc_settings
 from .compress.sync import compression_metrics
 from .config import (
     DP_IMPLS,
@@ -92,6 +93,13 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
                           "give a file or directory, 'stdlib' or 'synthetic'")
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
+    if config.sharding == "zero1":
+        # FSDP2 shards gradients with the optimizer state: the runtime has no optimizer-only sharding
+        raise ConfigError("--sharding", "zero1 (optimizer state only) is planned and simulated, not run",
+                          "use --sharding zero2 (FSDP2, gradients sharded too) or zero3")
+    if config.sharding != "none" and train.dp_impl != "fsdp":
+        raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
+                          "use --dp-impl fsdp")
     check_compression(config, train)
     check_kfac(config, train)
     check_checkpointing(config, train)
@@ -152,7 +160,8 @@ class Trainer:
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
             part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
-                                                 recorder=self.tracer, compress_warmup=train.compress_warmup)
+                                                 recorder=self.tracer, compress_warmup=train.compress_warmup,
+                                                 dgc=dgc_settings(train))
             self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
                                             [(0, 0, part, ctx.group("dp") if self.config.dp > 1 else None)])
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,

@@ -9,7 +9,10 @@ the next optimizer step waits for it. Ranks advance until they block on a partne
 posted yet and are woken when it does, so the cost is O(actions) with plain lists and a deque.
 Which receive matches which send and which reductions run together come from the schedule's
 compiled form (:mod:`paratrain.schedule.compiled`, built once per schedule object); a run binds
-the durations to its steps (:func:`_program`) and executes them (:class:`_Execution`).
+the durations to its steps (:func:`_program`) and executes them (:class:`_Execution`). Where
+processes share a host's cores (``Timing.core_sharing``, :mod:`paratrain.sim.sharing`) a compute
+step's duration depends on what the other ranks do meanwhile, and the ranks advance in global
+time order instead (:meth:`_Execution.run_shared`).
 
 Durations come from a :class:`Timing` (per chunk, per p2p transfer, per reduction, per optimizer
 step), built from the cost model by :func:`paratrain.sim.report.timing_for_config` or uniform by
@@ -18,6 +21,7 @@ step), built from the cost model by :func:`paratrain.sim.report.timing_for_confi
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from paratrain.errors import ConfigError
 from paratrain.schedule.compiled import STEP_COMPUTE, STEP_P2P, STEP_REDUCE, STEP_STEP, Compiled
 from paratrain.schedule.ir import Action, ActionKind, Schedule
+from paratrain.sim.sharing import CoreSharing
 from paratrain.trace import TraceEvent, category_of
 
 __all__ = ["Timing", "TraceEvent", "CommRecord", "SimRun", "run_schedule", "uniform_timing"]
@@ -56,6 +61,10 @@ class Timing:
     p2p_bytes: tuple[int, ...] = ()
     reduce_bytes: tuple[int, ...] = ()
     tp_comm_s: tuple[float, ...] = ()
+    # per chunk: context-parallel ring time not hidden by attention, forward + backward (in the compute times)
+    cp_comm_s: tuple[float, ...] = ()
+    # per chunk: FSDP's gathers and reduce-scatters not hidden by compute, forward + backward (in the compute times)
+    fsdp_comm_s: tuple[float, ...] = ()
     reduce_kind: str = "all_reduce"
     global_rank: Callable[[int], int] = field(default=lambda r: r)
     reduce_groups: tuple[tuple[int, ...], ...] = ()
@@ -67,6 +76,13 @@ class Timing:
     # Per-action override of compute durations: ``action_s(rank, index)`` for the action at
     # ``index`` of the rank's list, or None to keep the per-chunk time (replays of measured runs).
     action_s: Callable[[int, int], float | None] | None = None
+    # Processes sharing a host's cores (paratrain.sim.sharing): compute durations are then the
+    # time on a core of its own, stretched while more threads compute than the node has cores
+    # (the waits in collectives inside them are not: per chunk, forward_wait_s of a forward and
+    # backward_wait_s of a backward, B or I, ChunkCost's). None: every rank has its own processor.
+    core_sharing: CoreSharing | None = None
+    forward_wait_s: tuple[float, ...] = ()
+    backward_wait_s: tuple[float, ...] = ()
 
 
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
@@ -141,7 +157,10 @@ def run_schedule(
     comp = schedule.compiled  # matched sends/receives and reduction groups, built once per schedule
     program = _program(schedule, comp, timing)
     ex = _Execution(schedule, comp, timing, overlap_grad_reduce, record)
-    ex.run(program, eager=not blocking_sends)
+    if timing.core_sharing is None:
+        ex.run(program, eager=not blocking_sends)
+    else:
+        ex.run_shared(program, timing.core_sharing, eager=not blocking_sends)
     ex.raise_if_stuck(program)
     return SimRun(
         finish_s=tuple(ex.clock),
@@ -321,6 +340,129 @@ class _Execution:
             self.clock[r], self.pc[r] = t, i
             self.busy[r] += bz
 
+    def run_shared(self, program: list[list[tuple]], share: CoreSharing, eager: bool) -> None:
+        """:meth:`run` under processor sharing: a compute step's duration depends on which other
+        ranks compute meanwhile, so ranks advance in global time order. At the current time every
+        runnable rank advances through its communication steps (as in :meth:`run`) until it starts
+        a compute step, waits for a time ahead, or blocks; then time moves to the next event (a
+        compute finishing at the ranks' current rates, or a waiting rank's time), every
+        computing rank having done ``rate × elapsed`` of its work. A compute step's waits in
+        collectives (``Timing.forward_wait_s``/``backward_wait_s``) follow its work, unshared."""
+        post, waiters, runnable = self.post, self.waiters, self.runnable
+        p = len(program)
+        now = 0.0
+        work = [0.0] * p  # single-core seconds left of the compute in progress
+        began = [0.0] * p
+        tail = [0.0] * p  # its waits in collectives, unshared
+        computing: dict[int, tuple] = {}  # rank -> the compute (or optimizer) step it runs
+        sleeping: list[tuple[float, int]] = []  # (time, rank): ranks waiting for a time ahead
+        stepped = [False] * p  # the optimizer step's waits are done, its compute is next
+        while True:
+            while runnable:
+                r = runnable.popleft()
+                st = program[r]
+                # a rank woken by a post resumes from where it blocked: its waits resolve at or after now
+                t, i, n = self.clock[r], self.pc[r], len(program[r])
+                while i < n:
+                    if t > now:
+                        heapq.heappush(sleeping, (t, r))
+                        break
+                    kind, val, g, extra = st[i]
+                    if kind == _COMPUTE or (kind == _STEP and stepped[r]):
+                        x = self._wait_part(g, val) if kind == _COMPUTE else 0.0
+                        work[r], tail[r], began[r] = val - x, x, max(t, now)
+                        computing[r] = st[i]
+                        break
+                    if kind == _P2P:
+                        if post[g] < 0:
+                            for h, _, _, _ in val:
+                                self._post(h, t)
+                        done, blocked = t, False
+                        for _h, ph, x, snd in val:
+                            if snd and eager:
+                                continue
+                            pt = post[ph]
+                            if pt < 0:
+                                waiters.setdefault(ph, []).append(r)
+                                blocked = True
+                                break
+                            done = max(done, max(t, pt) + x)
+                        if blocked:
+                            break
+                        for h, ph, x, snd in val:
+                            if not snd:
+                                self.p2p_total += x
+                                if self.record:
+                                    self._record_receive(r, h, ph, t, x)
+                        t = done
+                    elif kind == _REDUCE:
+                        self.pending[r].append(g)
+                        if self.overlap:
+                            self._post(g, t)
+                    elif kind == _COLL:  # a collective waits, taking no core
+                        if post[g] < 0:
+                            self._post(g, t)
+                        late = next((m for m in self.comp.collective_members[g] if post[m] < 0), None)
+                        if late is not None:
+                            waiters.setdefault(late, []).append(r)
+                            break
+                        t = max(post[m] for m in self.comp.collective_members[g])
+                        if self.record:
+                            self._record_compute(r, g, t, val)
+                        t += val
+                        self.busy[r] += val
+                    else:  # the optimizer step: its waits here, its compute as above once they are done
+                        ready = self._optimizer_step(r, g, t)
+                        if ready is None:
+                            break
+                        t, stepped[r] = ready, True
+                        continue
+                    i += 1
+                self.clock[r], self.pc[r] = t, i
+            if not computing and not sleeping:
+                return
+            rates = share.rates(computing)
+            finish = {r: now + work[r] / rates[r] for r in computing}
+            nxt = min(finish.values(), default=float("inf"))
+            if sleeping and sleeping[0][0] < nxt:
+                nxt = sleeping[0][0]
+            for r in list(computing):
+                if finish[r] <= nxt:
+                    self._finish_compute(r, computing.pop(r), began[r], nxt, tail[r])
+                    stepped[r] = False
+                    runnable.append(r)
+                else:
+                    work[r] -= rates[r] * (nxt - now)
+            now = nxt
+            while sleeping and sleeping[0][0] <= now:
+                runnable.append(heapq.heappop(sleeping)[1])
+
+    def _wait_part(self, g: int, val: float) -> float:
+        """The waits in collectives inside compute action ``g`` (``forward_wait_s`` of a forward,
+        ``backward_wait_s`` of a B or I), at most its duration ``val``."""
+        fw, bw = self.timing.forward_wait_s, self.timing.backward_wait_s
+        if not fw and not bw:
+            return 0.0
+        a = self._action(g)
+        if a.chunk is None:
+            return 0.0
+        waits = fw if a.kind is K.FORWARD else bw if a.kind in (K.BACKWARD, K.BACKWARD_INPUT) else ()
+        return min(val, waits[a.chunk]) if waits else 0.0
+
+    def _finish_compute(self, r: int, step: tuple, start: float, end: float, tail: float) -> None:
+        """Rank ``r``'s compute ``step`` ran from ``start``, its work ending at ``end``, then ``tail``."""
+        kind, val, g, extra = step
+        dur = end - start + tail
+        if self.record:
+            if kind == _COMPUTE:
+                self._record_compute(r, g, start, dur)
+            elif val > 0:
+                self.events.append(TraceEvent(r, "compute", "U", start, dur, "optimizer"))
+        if kind == _COMPUTE and extra >= 0:
+            self.batch_end[r][extra] = end + tail
+        self.busy[r] += dur
+        self.clock[r], self.pc[r] = end + tail, self.pc[r] + 1
+
     def _optimizer_step(self, r: int, g: int, t: float) -> float | None:
         """When rank ``r``'s optimizer step (action ``g``, reached at ``t``) can start: after every
         reduction it launched since its last step (and, with global-norm clipping, after the
@@ -404,6 +546,11 @@ class _Execution:
                 tp_groups = self.timing.tp_groups
                 group = tp_groups[r] if tp_groups else (self.timing.global_rank(r),)
                 self.log.append(CommRecord("tp", None, group, t, x))
+        if self.timing.cp_comm_s and a.kind is not K.BACKWARD_WEIGHT and a.chunk is not None:
+            # the context-parallel ring's exposed transfers inside the action (half per pass, as tp)
+            x = self.timing.cp_comm_s[a.chunk] / 2
+            if x > 0:
+                self.log.append(CommRecord("cp", None, (self.timing.global_rank(r),), t, x))
         self.events.append(TraceEvent(r, "compute", str(a), t, val, category_of(a.kind), a.microbatch))
 
     def _record_receive(self, r: int, h: int, ph: int, t: float, x: float) -> None:
@@ -439,4 +586,13 @@ def _comm_time_by_kind(schedule: Schedule, timing: Timing, p2p_total: float, red
                 if a.kind is K.FORWARD or a.kind is K.BACKWARD or a.kind is K.BACKWARD_INPUT:
                     tp += timing.tp_comm_s[a.chunk] / 2
         comm_kind["tp"] = tp
+    if timing.cp_comm_s:
+        # the context-parallel ring's exposed transfers, inside the forward and backward times
+        comm_kind["cp"] = sum(timing.cp_comm_s[a.chunk] / 2 for row in schedule.actions for a in row
+                              if a.kind is K.FORWARD or a.kind is K.BACKWARD or a.kind is K.BACKWARD_INPUT)
+    if timing.fsdp_comm_s:
+        # FSDP's exposed gathers and reduce-scatters, every micro-batch (the step's end has none)
+        comm_kind["fsdp"] = comm_kind.get("fsdp", 0.0) + sum(
+            timing.fsdp_comm_s[a.chunk] / 2 for row in schedule.actions for a in row
+            if a.kind is K.FORWARD or a.kind is K.BACKWARD or a.kind is K.BACKWARD_INPUT)
     return comm_kind

@@ -533,12 +533,14 @@ def _fill(schedule: Schedule, timing: Timing, work: KfacWork, margin: float, spl
 
 def fill_kfac_config(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
                      inv_groups: int | None = None, method: str = "inverse", margin: float = MARGIN,
-                     optimizer: str = "fused", split_curvature: bool = True) -> KfacFill:
+                     optimizer: str = "fused", split_curvature: bool = True,
+                     grad_buckets: bool = True) -> KfacFill:
     """:func:`fill_kfac` for a parallel layout: durations of the schedule from the cost model
     (:func:`paratrain.sim.report.timing_for_config`), of the K-FAC pieces from
     :mod:`paratrain.cost.kfac`; the factor all-reduce runs over the data-parallel copies of the
     rank's chunks (and, under Chimera, the mirror rank's) on ``cluster``; every filled step's
-    optimizer step also preconditions the rank's layers."""
+    optimizer step also preconditions the rank's layers. ``grad_buckets`` as in ``simulate_config``'s
+    ``overlap_grad_reduce``, so the base step is the one ``simulate`` reports."""
     from paratrain.cost.collectives import collective_time
     from paratrain.cost.kfac import chunk_layer_costs
     from paratrain.cost.stage import chunk_costs
@@ -552,7 +554,8 @@ def fill_kfac_config(model: ModelSpec, cluster: ClusterSpec, config: ParallelCon
     schedule = _generate_cached(config.schedule.value, config.pp, config.num_microbatches, config.virtual_stages)
     layers = chunk_layer_costs(model, cluster.device, config.layers_per_chunk(model.layers), config.microbatch,
                                config.dtype, tp=config.tp, method=method)
-    timing = timing_for_config(schedule, chunk_costs(model, cluster, config), cluster, config, optimizer=optimizer)
+    timing = timing_for_config(schedule, chunk_costs(model, cluster, config), cluster, config, optimizer=optimizer,
+                               grad_buckets=grad_buckets)
     reduce_s, prec_s = [], []
     for r in range(schedule.stages):
         ranks = tuple(config.rank_of(pp=q, dp=d) for q in schedule.filler_group(r) for d in range(config.dp))

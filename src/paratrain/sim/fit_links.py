@@ -24,6 +24,7 @@ class LinksDocument(TypedDict):
     allreduce_s_by_bytes: dict[str, float]
     procs: int
     threads: int
+    cores: int  # cores the processes shared (0: not recorded); the device's rates are per core
     # tensor-parallel collectives in lockstep with compute: [kind, group size, bytes, seconds]
     measured_collectives: list[list[str | int | float]]
 
@@ -53,7 +54,7 @@ def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
 
 def links_document(
     p2p_s_by_bytes: Mapping[int, float], allreduce_s_by_bytes: Mapping[int, float], procs: int, threads: int,
-    measured_collectives: Sequence[tuple[str, int, int, float]] = (),
+    measured_collectives: Sequence[tuple[str, int, int, float]] = (), cores: int = 0,
 ) -> LinksDocument:
     """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times, the raw
     timings (keys: message bytes as strings) and the tensor-parallel collectives as measured
@@ -66,5 +67,6 @@ def links_document(
         "allreduce_s_by_bytes": {str(k): v for k, v in allreduce_s_by_bytes.items()},
         "procs": procs,
         "threads": threads,
+        "cores": cores,
         "measured_collectives": [list(row) for row in measured_collectives],
     }

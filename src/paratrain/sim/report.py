@@ -247,9 +247,20 @@ def simulate(
 
 def timing_for_config(
     schedule: Schedule, costs: Sequence[ChunkCost], cluster: ClusterSpec, config: ParallelConfig,
-    *, optimizer: str = "fused",
+    *, optimizer: str = "fused", grad_buckets: bool = False, skew_cv: float | None = None,
 ) -> Timing:
     """Durations from the cost model; communication timed between the ranks' places on ``cluster``.
+
+    Gradients are reduced in fp32 when training in bf16 (:func:`paratrain.cost.dp_reduction.grad_reduce_bytes`).
+    ``grad_buckets``: each chunk's reduction runs in Megatron-Core's buckets during the chunk's last
+    backward and the distributed optimizer's all-gather ahead of its first forward, so only what
+    :func:`~paratrain.cost.dp_reduction.bucketed_exposed_s` leaves is charged after the backward;
+    the compute the hidden part slows (:func:`~paratrain.cost.dp_reduction.overlapped_s`) is added
+    to the rank's step. ``skew_cv``: per-rank compute-time variation behind the wait for the slowest
+    rank at the step's all-reduce over every rank (:func:`~paratrain.cost.dp_reduction.skew_s` of
+    the busiest stage's compute, added to ``step_allreduce_s``; synchronous schedules only); default
+    :func:`~paratrain.cost.dp_reduction.default_skew_cv` (1 % for the accelerator presets, none where
+    the simulator draws durations around a measured variation).
 
     ``optimizer`` is how the optimizer step is implemented: ``fused`` (one pass: read the
     gradients, read and write the optimizer state, write the weights) or ``torch`` (PyTorch's
@@ -262,7 +273,19 @@ def timing_for_config(
         raise ConfigError("optimizer", f"unknown optimizer implementation {optimizer!r}",
                           f"use one of: {', '.join(OPTIMIZERS)}")
     from paratrain.cost.collectives import collective_time
+    from paratrain.cost.compute import dtype_bytes
+    from paratrain.cost.dp_reduction import (
+        bucketed_exposed_s,
+        default_overlap_slowdown,
+        default_skew_cv,
+        grad_reduce_bytes,
+        megatron_bucket_elements,
+        num_buckets,
+        overlapped_s,
+        skew_s,
+    )
     from paratrain.cost.optimizer import optimizer_step_s
+    from paratrain.sim.sharing import layout_sharing
 
     if len(costs) != schedule.num_chunks:
         raise ConfigError("costs", f"{len(costs)} chunk costs for {schedule.num_chunks} chunks", "give one per chunk")
@@ -279,20 +302,41 @@ def timing_for_config(
             t = memo[key] = collective_time("p2p", costs[c].p2p_bytes, (grank(src), grank(dst)), cluster).time_s
         return t
 
+    def buckets(cost: ChunkCost) -> int:
+        elements = cost.grad_reduce_bytes / dtype_bytes(config.dtype)
+        return num_buckets(elements, megatron_bucket_elements(config.dp * config.cp))
+
+    slowed = [0.0] * len(costs)  # compute lost beside each chunk's bucketed collectives
+
+    def hidden(c: int, compute_s: float, comm_s: float, k: int) -> float:
+        """The exposed tail of a bucketed collective; what it hides slows the compute beside it."""
+        exposed = bucketed_exposed_s(compute_s, comm_s, k)
+        slowed[c] += overlapped_s(compute_s, comm_s - exposed, default_overlap_slowdown(cluster.device)) - compute_s
+        return exposed
+
     groups = []
     reduce_s = []
     for c, cost in enumerate(costs):
         hosts = hosts_of(schedule, c)
-        ranks = tuple(config.rank_of(pp=h, dp=d) for h in hosts for d in range(config.dp))
+        # Gradients are reduced over the data- and context-parallel ranks together (Megatron's dp-cp group).
+        ranks = tuple(config.rank_of(pp=h, dp=d, cp=k) for h in hosts for d in range(config.dp)
+                      for k in range(config.cp))
         groups.append(ranks)
         if len(ranks) == 1:
             reduce_s.append(0.0)
+        elif config.sharding in ("zero2", "zero3"):
+            # FSDP: every micro-batch's backward reduce-scatters (in the chunk costs), and the next
+            # forward gathers the updated shards; nothing is left for the step's end
+            reduce_s.append(0.0)
         elif config.optimizer_sharding:
             # ZeRO-1: reduce-scatter the gradients, all-gather the updated parameters
-            reduce_s.append(
-                collective_time("reduce_scatter", cost.grad_reduce_bytes, ranks, cluster).time_s
-                + collective_time("all_gather", cost.weight_bytes, ranks, cluster).time_s
-            )
+            rs = collective_time("reduce_scatter", grad_reduce_bytes(cost.grad_reduce_bytes, config.dtype), ranks,
+                                 cluster).time_s
+            ag = collective_time("all_gather", cost.weight_bytes, ranks, cluster).time_s
+            if grad_buckets:
+                k = buckets(cost)
+                rs, ag = hidden(c, cost.backward_s, rs, k), hidden(c, cost.forward_s, ag, k)
+            reduce_s.append(rs + ag)
         elif config.compression != "none":  # sparse or low-rank reduction (cost.compress)
             from paratrain.cost.compress import compressed_reduce_s
             from paratrain.cost.compute import dtype_bytes
@@ -300,7 +344,9 @@ def timing_for_config(
             reduce_s.append(compressed_reduce_s(config.compression, config.compression_density,
                                                 cost.grad_reduce_bytes, dtype_bytes(config.dtype), ranks, cluster))
         else:
-            reduce_s.append(collective_time("all_reduce", cost.grad_reduce_bytes, ranks, cluster).time_s)
+            ar = collective_time("all_reduce", grad_reduce_bytes(cost.grad_reduce_bytes, config.dtype), ranks,
+                                 cluster).time_s
+            reduce_s.append(hidden(c, cost.backward_s, ar, buckets(cost)) if grad_buckets else ar)
 
     def step_s(r: int) -> float:
         held = [costs[c] for c, _ in schedule.chunks_of(r)]
@@ -312,11 +358,24 @@ def timing_for_config(
     world = tuple(range(config.world_size))
     norm_s = collective_time("all_reduce", 4, world, cluster).time_s
     if config.schedule.is_async:
-        stage = tuple(config.rank_of(dp=d, tp=k) for d in range(config.dp) for k in range(config.tp))
+        stage = tuple(config.rank_of(dp=d, tp=k, cp=c) for d in range(config.dp) for k in range(config.tp)
+                      for c in range(config.cp))
         stage_norm_s = collective_time("all_reduce", 4, stage, cluster).time_s
     else:
         stage_norm_s = 0.0
-    opt = tuple(step_s(r) + stage_norm_s for r in range(schedule.stages))
+    if skew_cv is None:
+        skew_cv = default_skew_cv(cluster.device)
+    m = schedule.microbatches
+
+    # The step's all-reduce over every rank starts when the slowest arrives (sync schedules).
+    busiest = max(m * sum(costs[c].forward_s + costs[c].backward_s for c, _ in schedule.chunks_of(r))
+                  for r in range(schedule.stages))
+    norm_s += skew_s(busiest, config.world_size, skew_cv)
+
+    def lost_s(r: int) -> float:  # compute the rank lost beside its overlapped gradient buckets
+        return sum(slowed[c] for c, _ in schedule.chunks_of(r))
+
+    opt = tuple(step_s(r) + stage_norm_s + lost_s(r) for r in range(schedule.stages))
     return Timing(
         forward_s=tuple(c.forward_s for c in costs),
         backward_s=tuple(c.backward_s for c in costs),
@@ -328,12 +387,18 @@ def timing_for_config(
         p2p_bytes=tuple(c.p2p_bytes for c in costs),
         reduce_bytes=tuple(c.grad_reduce_bytes for c in costs),
         tp_comm_s=tuple(c.tp_comm_s for c in costs),
-        reduce_kind="reduce_scatter+all_gather" if config.optimizer_sharding
+        cp_comm_s=tuple(c.cp_comm_s for c in costs) if config.cp > 1 else (),
+        fsdp_comm_s=tuple(c.fsdp_comm_s for c in costs) if config.sharding in ("zero2", "zero3") else (),
+        reduce_kind="fsdp" if config.sharding in ("zero2", "zero3")
+        else "reduce_scatter+all_gather" if config.optimizer_sharding
         else config.compression if config.compression != "none" else "all_reduce",
         global_rank=grank,
         reduce_groups=tuple(groups),
         tp_groups=tuple(tuple(config.rank_of(pp=r, tp=k) for k in range(config.tp)) for r in range(schedule.stages)),
         step_allreduce_s=None if config.schedule.is_async else norm_s,
+        core_sharing=layout_sharing(cluster, config),
+        forward_wait_s=tuple(c.forward_wait_s for c in costs),
+        backward_wait_s=tuple(c.backward_wait_s for c in costs),
     )
 
 
@@ -363,7 +428,7 @@ def simulate_config(
     if config.world_size > cluster.num_devices:
         raise ConfigError(
             "cluster.gpus",
-            f"dp({config.dp})*tp({config.tp})*pp({config.pp}) = {config.world_size} exceeds the cluster's "
+            f"{config.degrees_text} = {config.world_size} exceeds the cluster's "
             f"{cluster.num_devices} devices",
             "use a larger cluster (more GPUs or nodes) or smaller dp, tp or pp",
         )
@@ -372,7 +437,7 @@ def simulate_config(
     cv = cluster.device.duration_cv if duration_cv is None else duration_cv
     res = simulate_variable(
         schedule,
-        timing_for_config(schedule, costs, cluster, config, optimizer=optimizer),
+        timing_for_config(schedule, costs, cluster, config, optimizer=optimizer, grad_buckets=overlap_grad_reduce),
         cv,
         samples=(DEFAULT_SAMPLES if cv > 0 else 0) if samples is None else samples,
         seed=seed,

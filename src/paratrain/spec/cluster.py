@@ -113,6 +113,12 @@ class ClusterSpec:
     # What runs tensor parallelism here, and so which collectives it issues: "megatron" (fused
     # layers, the published GPU runs) or "dtensor" (paratrain's runtime: one DTensor style per Linear).
     tensor_parallel: str = "megatron"
+    # CPU hosts: the cores a node's processes share, each process running ``threads_per_process``
+    # threads; the simulator then runs compute under processor sharing (paratrain.sim.sharing)
+    # and the device's rates are those of one process alone on a core. 0: every device has its
+    # own processor (GPUs).
+    cores_per_node: int = 0
+    threads_per_process: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -131,6 +137,10 @@ class ClusterSpec:
                 raise ConfigError(f, f"must be a {cls.__name__}, got {getattr(self, f)!r}", fix)
         require_positive_int("nodes", self.nodes)
         require_positive_int("devices_per_node", self.devices_per_node)
+        if isinstance(self.cores_per_node, bool) or not isinstance(self.cores_per_node, int) or self.cores_per_node < 0:
+            raise ConfigError("cores_per_node", f"must be a whole number ≥ 0, got {self.cores_per_node!r}",
+                              "give the cores a node's processes share, or 0 for devices with their own processor")
+        require_positive_int("threads_per_process", self.threads_per_process)
         require_at_most("devices_per_node", self.devices_per_node, MAX_DEVICES, "devices")
         if self.nodes * self.devices_per_node > MAX_DEVICES:
             raise ConfigError(

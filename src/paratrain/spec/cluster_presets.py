@@ -99,11 +99,29 @@ def cpu_measured_collectives() -> tuple[tuple[str, int, int, float], ...]:
     return ()
 
 
+def cpu_cores() -> tuple[int, int]:
+    """``(cores, threads per process)`` that ``paratrain calibrate`` recorded (``cores`` and
+    ``threads`` in ``cpu-cluster.json``); ``(0, 1)`` (no sharing modelled) when it recorded no
+    core count: a calibration from before it did holds rates measured under its own sharing."""
+    path = cpu_cluster_calibration_path()
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            cores, threads = doc.get("cores", 0), doc.get("threads", 1)
+            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (cores, threads))
+            if ints and cores >= 0 and threads >= 1:
+                return cores, threads
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass
+    return 0, 1
+
+
 def _cpu() -> ClusterSpec:
     # This machine: processes talk through gloo over loopback TCP. Calibrated: the one link
     # `paratrain calibrate` measures (every "node" is this machine, so inter-node is the same);
     # otherwise conservative defaults (loopback TCP: tens of microseconds, a few GB/s).
     link = cpu_links()
+    cores, threads = cpu_cores()
     return ClusterSpec(
         name="cpu",
         device=resolve_device("cpu"),
@@ -114,6 +132,8 @@ def _cpu() -> ClusterSpec:
         topology=Topology(kind=TopologyKind.SINGLE_SWITCH),
         measured_collectives=cpu_measured_collectives(),
         tensor_parallel="dtensor",  # what `paratrain train` runs here
+        cores_per_node=cores,
+        threads_per_process=threads,
     )
 
 

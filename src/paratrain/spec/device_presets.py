@@ -116,8 +116,9 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         gemm_tile_n=128,
     ),
     # NVIDIA H100 SXM5 datasheet (2023): FP32 67 TF, TF32 494.7 TF, BF16/FP16 989.5 TF,
-    # FP8 1,979 TF, INT8 1,979 TOPS (dense: half the "with sparsity" figures), 80 GB HBM3 at
-    # 3.35 TB/s; 132 SMs (Hopper whitepaper).
+    # FP8 1,979 TF, INT8 1,979 TOPS (dense: half the "with sparsity" figures, e.g. "FP8 Tensor Core
+    # 3,958 teraFLOPS*"), 80 GB HBM3 at 3.35 TB/s; 132 SMs (Hopper whitepaper). A100 has no FP8
+    # tensor cores (peak_fp8_flops 0: FP8 GEMMs there are a ConfigError, cost.gemm.gemm_peak_flops).
     "h100": DeviceSpec(
         name="h100",
         **GPU_MEMORY_RESERVE,
@@ -130,6 +131,33 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         peak_int8_flops=1979 * T,
         memory_bytes=80 * GiB,
         memory_bandwidth_Bps=3350 * GB,
+        sm_count=132,
+        gemm_tile_m=256,
+        gemm_tile_n=128,
+        gemm_tile_k=64,
+        gemm_efficiency=0.75,
+    ),
+    # The H100 parts of Meta's Grand Teton servers that torchtitan's H100 benchmarks ran on
+    # (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: "H100 GPUs with 96GB HBM2e",
+    # "500W power limit"; docs/performance.md at 3faaa1a0d: "HBM2e lower-TDP"): the GH100 die of the
+    # SXM5 part (132 SMs, the same tensor cores and dense peaks, H100 datasheet), with six HBM2e
+    # stacks of 16 GB instead of five HBM3 ones. NVIDIA publishes no datasheet for this part; its
+    # bandwidth is taken at the per-stack rate of the H100 PCIe's five HBM2e stacks (2.0 TB/s for
+    # 80 GB, H100 datasheet): 6/5 × 2.0 = 2.4 TB/s. The 500 W cap (the SXM5's is 700 W) lowers the
+    # sustained clock under load, which the peaks (at boost clock) do not show: the per-preset
+    # calibration's GEMM and attention efficiencies carry it.
+    "h100-96gb-hbm2e": DeviceSpec(
+        name="h100-96gb-hbm2e",
+        **GPU_MEMORY_RESERVE,
+        **_H100_ATTENTION,
+        peak_fp32_flops=67 * T,
+        peak_tf32_flops=494.7 * T,
+        peak_bf16_flops=989.5 * T,
+        peak_fp16_flops=989.5 * T,
+        peak_fp8_flops=1979 * T,
+        peak_int8_flops=1979 * T,
+        memory_bytes=96 * GiB,  # six 16 GiB stacks, as the 80 GB parts have five
+        memory_bandwidth_Bps=2400 * GB,
         sm_count=132,
         gemm_tile_m=256,
         gemm_tile_n=128,
@@ -177,6 +205,8 @@ DEVICE_ALIASES = {
     "a100": "a100-80gb",
     "h100-sxm": "h100",
     "h100-80gb": "h100",
+    "h100-sxm-80gb": "h100",
+    "h100-hbm2e-500w": "h100-96gb-hbm2e",
     "h200-sxm": "h200",
     "v100-32gb": "v100",
     "p100-16gb": "p100",

@@ -7,9 +7,10 @@
 - :mod:`.frequency` (no torch): ``--checkpoint-every`` and the CheckFreq tuner, pure functions of
   measured step time, snapshot stall and persist time.
 - :mod:`.state`: what is saved, by full-model name (parameters, AdamW state, RNG of every rank).
-- :mod:`.persist`: the two phases, *snapshot* (a host copy overlapped with the next step's
-  forward and backward, finished before the optimizer changes the weights) and *persist* (DCP in
-  a background thread, then the marker), at most one checkpoint in flight.
+- :mod:`.persist`: the two phases, *snapshot* (a host copy into shared memory overlapped with the
+  next step's forward and backward, finished before the optimizer changes the weights) and
+  *persist* (DCP in the rank's writer process, then the marker), at most one checkpoint in flight.
+- :mod:`.writer`: the writer process (nice +10, its own gloo group, dies with its rank).
 - :mod:`.reshard`: loading into whatever layout the run has (dp/tp/pp, FSDP2 or not) without
   unpickling code.
 - :mod:`.export`: full weights as a safetensors file.

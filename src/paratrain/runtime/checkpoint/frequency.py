@@ -11,9 +11,9 @@ background persist of checkpoint n ends before checkpoint n+1 starts (at most on
 
 The cost ``c`` is measured, not assumed: the time the training thread spends on the checkpoint
 (taking references, waiting for the snapshot before the optimizer step, joining the writer)
-*plus* how much the steps that overlap the background write are slower than clean steps. In one
-Python process the writer (DCP's planning and serialization of every tensor) shares the GIL and
-the cores with training, so the second term is most of ``c`` on CPU (the README's figures).
+*plus* how much the steps that overlap the background write are slower than clean steps. The
+writer is a process of its own (no GIL shared with training) but shares the cores; on a machine
+with no core to spare the second term is most of ``c`` (the README's figures).
 
 A run also pays for its first, profiling checkpoint and the measurement is noisy, so
 :func:`budget_interval` spends the bound as a budget over the run's steps: the cost measured so far

@@ -3,15 +3,20 @@
 At a step boundary the step loop calls :meth:`Checkpointer.after_step`. When a checkpoint is due
 it takes references to the state (:func:`.state.capture`, cheap) and starts one background thread:
 
-1. *snapshot*: host copies of every tensor (:func:`.state.snapshot`). It overlaps the next step's
-   forward and backward; a pre-hook on AdamW's ``step`` waits for it, so the optimizer never
-   changes a weight the snapshot has not copied yet (CheckFreq's ``weight_update`` spin;
-   torchtitan's ``maybe_wait_for_staging`` before ``optimizer.step()``);
-2. *persist*: ``torch.distributed.checkpoint.save`` of the copies (every rank writes its pieces,
-   fsynced, on a gloo group of its own so it never interleaves with training's collectives), then
-   rank 0 writes the completion marker with every file's checksum and prunes to ``--keep``.
+1. *snapshot*: host copies of every tensor (:func:`.state.snapshot_into`), into shared-memory
+   tensors allocated once per run. It overlaps the next step's forward and backward; a pre-hook on
+   AdamW's ``step`` waits for it, so the optimizer never changes a weight the snapshot has not
+   copied yet (CheckFreq's ``weight_update`` spin; torchtitan's ``maybe_wait_for_staging`` before
+   ``optimizer.step()``);
+2. *persist*, in this rank's writer process (:mod:`.writer`, nice +10, started with the
+   checkpointer): ``torch.distributed.checkpoint.save`` of the shared-memory snapshot, read in
+   place (every rank's writer writes its pieces, fsynced, on the writers' own gloo group), then
+   rank 0's writer writes the completion marker with every file's checksum and prunes to
+   ``--keep``. The thread waits for the writer's answer; a writer that dies fails the run at the
+   next join with one line.
 
-A new checkpoint first joins the previous thread: at most one checkpoint is in flight. How often
+A new checkpoint first joins the previous thread: at most one checkpoint is in flight (the
+shared-memory snapshot is rewritten only after the writer finished reading it). How often
 (:mod:`.frequency`): every N steps; every N seconds (converted with the measured step time); or
 ``auto``, CheckFreq's tuner: after :data:`~.frequency.PROFILE_STEPS` timed steps a first
 checkpoint, overlapped like the others, measures what one costs (the training thread's time on it
@@ -26,9 +31,7 @@ The end of the run always writes a checkpoint of the last step (synchronously).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -36,8 +39,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 
 from paratrain.errors import ConfigError
 from paratrain.runtime import faults
@@ -46,6 +47,7 @@ from paratrain.runtime.optim import lr_at
 
 from . import frequency, state, store
 from .reshard import load_into
+from .writer import WriterProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Checkpointer"]
 
-WRITER_NICE = 10  # the persist phase's niceness: on a busy machine training keeps the cores first
 CLEAN_WINDOW = 64  # clean steps the baseline averages: recent enough to follow a drifting machine
 
 
@@ -73,9 +74,9 @@ class Checkpointer:
         self.every = frequency.parse_every(t.checkpoint_every)
         self.keep, self.bound = t.keep, t.checkpoint_overhead
         self.rank, self.world = trainer.ctx.rank, trainer.ctx.world_size
-        self.group = dist.new_group(backend="gloo")  # DCP's collectives, apart from training's
-        # the training thread's decisions, apart from DCP's collectives of a write in flight
+        # the training thread's decisions (and the writers' rendezvous), apart from training's collectives
         self.control = dist.new_group(backend="gloo")
+        self.writer = WriterProcess(self.rank, self.world, self.control, trainer.ctx.timeout_s)
         self._hook = trainer.optimizer.adamw.register_step_pre_hook(self._before_update)
         self._snapshotted = threading.Event()
         self._snapshotted.set()
@@ -151,6 +152,8 @@ class Checkpointer:
 
     def _begin(self, step: int) -> int:
         self._start = step
+        if self.every.kind == "auto":  # the steps that measure a clean step must not share the cores with its start
+            self.writer.wait_ready()
         if self.every.kind == "steps":
             n = int(self.every.value)
             self._next_at = (step // n + 1) * n
@@ -273,24 +276,14 @@ class Checkpointer:
         assert info is not None
         try:
             t0 = time.perf_counter()
-            copies = state.snapshot(cap, halfway=lambda: faults.maybe_inject_checkpoint_fault(self.rank, done,
-                                                                                             "snapshot"))
+            dest = self.writer.arena(*state.layout(cap))
+            state.snapshot_into(cap, dest, halfway=lambda: faults.maybe_inject_checkpoint_fault(self.rank, done,
+                                                                                               "snapshot"))
             info["snapshot_s"] = time.perf_counter() - t0
             self._snapshotted.set()
-            _yield_to_training()
-            t1 = time.perf_counter()
-            path = store.step_dir(self.root, done)
-            if self.rank == 0 and path.exists():  # a leftover of an earlier run; no rank writes before rank 0 plans
-                shutil.rmtree(path)
-            writer = FileSystemWriter(str(path), sync_files=True, single_file_per_rank=True, thread_count=1)
-            dcp.save(copies, storage_writer=writer, process_group=self.group)
-            faults.maybe_inject_checkpoint_fault(self.rank, done, "persist")
-            if self.rank == 0:
-                store.write_marker(path, manifest, before_rename=lambda: faults.maybe_inject_checkpoint_fault(
-                    self.rank, done, "marker"))
-                info["pruned"] = store.prune(self.root, self.keep)
-                info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-            info["persist_s"] = time.perf_counter() - t1
+            answer = self.writer.persist({"path": str(store.step_dir(self.root, done)), "step": done,
+                                          "manifest": manifest, "keep": self.keep, "rank_pid": os.getpid()})
+            info.update({k: answer[k] for k in ("persist_s", "size_bytes", "pruned") if k in answer})
         except BaseException as e:  # noqa: BLE001 - re-raised on the training thread at the next join
             self._error = e
         finally:
@@ -339,12 +332,16 @@ class Checkpointer:
             self._join()
             self._start_checkpoint(steps, "final")
         self._join()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the writer process and remove the optimizer hook (after :meth:`finish`, or when the
+        run stops early; a writer also dies with its rank)."""
+        self.writer.close()
         self._hook.remove()
 
+    @property
+    def writer_cpu_s(self) -> float:
+        """CPU seconds the writer process spent on checkpoints so far (its start-up not included)."""
+        return self.writer.cpu_s - self.writer.startup_cpu_s
 
-def _yield_to_training() -> None:
-    """Lower this thread's scheduling priority for the rest of the write. Linux keeps a nice value
-    per thread (``setpriority`` on a thread id changes that thread only); the snapshot, which the
-    optimizer waits for, already ran at full priority. Elsewhere, or without permission: no-op."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)

@@ -25,7 +25,8 @@ from torch.distributed.tensor import DTensor
 if TYPE_CHECKING:
     from paratrain.runtime.train import Trainer
 
-__all__ = ["Capture", "named_parameters", "capture", "snapshot", "load_targets", "apply_loaded", "MOMENTS"]
+__all__ = ["Capture", "named_parameters", "capture", "snapshot", "layout", "snapshot_into", "load_targets",
+           "apply_loaded", "MOMENTS"]
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -98,6 +99,35 @@ def snapshot(cap: Capture, *, halfway: Any = None) -> dict[str, Any]:
                 halfway()
     out.update(cap.rng)
     return out
+
+
+def layout(cap: Capture) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]],
+                                  dict[str, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """What :func:`snapshot_into` fills: (key, this rank's local shape, dtype) of everything
+    captured, and for each DTensor its (global size, offsets of the local piece), as DCP records them."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    items, shards = [], {}
+    for key, t in cap.tensors:
+        local = _local(t)
+        items.append((key, tuple(local.shape), local.dtype))
+        if isinstance(t, DTensor):
+            _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            shards[key] = (tuple(t.shape), tuple(offsets))
+    items += [(key, tuple(r.shape), r.dtype) for key, r in cap.rng.items()]
+    return items, shards
+
+
+def snapshot_into(cap: Capture, dest: dict[str, torch.Tensor], *, halfway: Any = None) -> None:
+    """The snapshot phase into host tensors allocated once (:func:`layout`; shared memory that the
+    writer process reads). ``halfway`` as in :func:`snapshot`."""
+    with torch.no_grad():
+        for i, (key, t) in enumerate(cap.tensors):
+            dest[key].copy_(_local(t).detach())
+            if halfway is not None and i == len(cap.tensors) // 2:
+                halfway()
+        for key, r in cap.rng.items():
+            dest[key].copy_(r)
 
 
 def load_targets(trainer: Trainer, saved: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -8,6 +8,9 @@ the compressor) after a number of dense warm-up steps (``--compress-warmup``):
 - ``topka``, ``gtopk``, ``gaussiank``: :mod:`~paratrain.runtime.compress.baselines`.
 - ``powersgd``: torch's own PowerSGD hook (:mod:`~paratrain.runtime.compress.powersgd`), rank 4.
 
+With ``--optimizer sgd``, :mod:`~paratrain.runtime.compress.momentum` adds Deep Gradient
+Compression's momentum correction, masking, local clipping and density warm-up around the sparse ones.
+
 :class:`~paratrain.runtime.compress.sync.CompressedGradSync` is the data-parallel reduction that
 uses them; the pipeline executor calls :func:`make_compressor` per model chunk.
 """

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, ReductionStats, index_dtype
-from .select import Scratch, gaussian_threshold, k_of, top_k
+from .select import Scratch, accumulate_above, gaussian_threshold, k_of, sample_bound, strided_sample, top_k
 
 __all__ = ["TopkA", "GTopk", "Gaussiank"]
 
@@ -21,17 +21,38 @@ class _Sparse:
         self.density = density
         self.residual: torch.Tensor | None = None
         self.scratch = Scratch()
+        self._sumsq = 0.0  # squared norm of g + residual, from the pass that adds them
 
     def residual_norm(self) -> float:
         return 0.0 if self.residual is None else float(self.residual.norm())
 
     def _acc(self, flat: torch.Tensor) -> torch.Tensor:
+        """g + residual, in the residual's memory; ``flat`` zeroed (it receives the result)."""
         if self.residual is None:
             self.residual = torch.zeros_like(flat)
-        return self.residual.add_(flat)  # g + residual, in the residual's memory
+        _, self._sumsq = accumulate_above(self.residual, flat, None, self.scratch)
+        return self.residual
+
+    def _acc_top_k(self, flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """:meth:`_acc` and the exact top-k of the sum (sorted indices, exactly k, and the k-th
+        largest magnitude): the adding pass also collects the entries above a sampled estimate of
+        the 2k-th largest, and the top-k runs over those (as Ok-Topk's exact steps)."""
+        if self.residual is None:
+            self.residual = torch.zeros_like(flat)
+        acc, n = self.residual, flat.numel()
+        if k >= n:
+            _, self._sumsq = accumulate_above(acc, flat, None, self.scratch)
+            return acc, torch.arange(n, device=acc.device), 0.0
+        bound = sample_bound(strided_sample((acc, flat)), n, min(n, 2 * k))
+        cand, self._sumsq = accumulate_above(acc, flat, bound, self.scratch)
+        if cand is None or cand.numel() < k:
+            idx, thr = top_k(acc, k, self.scratch)
+            return acc, idx, thr
+        top = torch.topk(acc[cand].abs(), k, sorted=False)
+        return acc, cand[top.indices].sort().values, float(top.values.min())
 
     def _gather_sum(self, flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
-        """``flat`` = the sum of every rank's (idx, vals); counts may differ (padded all-gather)."""
+        """``flat`` (zeroed) += every rank's (idx, vals); counts may differ (padded all-gather)."""
         counts = [int(c) for c in self.comm.all_gather(self.comm.ints([idx.numel()]))]
         width = max(counts)
         pi = torch.zeros(width, dtype=index_dtype(flat.numel()), device=flat.device)
@@ -39,16 +60,17 @@ class _Sparse:
         pi[: idx.numel()] = idx
         pv[: idx.numel()] = vals
         all_i, all_v = self.comm.all_gather(pi, "indices"), self.comm.all_gather(pv, "values")
-        flat.zero_()
         for c, gi, gv in zip(counts, all_i, all_v, strict=True):
             flat.index_add_(0, gi[:c].long(), gv[:c])
 
     def _finish(self, stats: ReductionStats, acc: torch.Tensor, sent: torch.Tensor, thr: float) -> ReductionStats:
+        zeroed = acc[sent].double()
         acc.index_fill_(0, sent, 0)
         self.residual = acc
         stats.density = sent.numel() / acc.numel()
         stats.threshold = thr
-        stats.residual_norm = float(acc.norm())
+        # the adding pass's sum of squares less the entries sent (no pass of its own)
+        stats.residual_norm = max(0.0, self._sumsq - float(zeroed.dot(zeroed))) ** 0.5
         return stats
 
 
@@ -60,9 +82,8 @@ class TopkA(_Sparse):
 
     def reduce(self, flat: torch.Tensor) -> ReductionStats:
         stats = self.comm.begin(flat.numel(), flat.device)
-        acc = self._acc(flat)
         k = k_of(flat.numel(), self.density)
-        idx, thr = top_k(acc, k, self.scratch)
+        acc, idx, thr = self._acc_top_k(flat, k)
         self._gather_sum(flat, idx, acc[idx])
         return self._finish(stats, acc, idx, thr)
 
@@ -104,10 +125,9 @@ class GTopk(_Sparse):
 
     def reduce(self, flat: torch.Tensor) -> ReductionStats:
         stats = self.comm.begin(flat.numel(), flat.device)
-        acc = self._acc(flat)
         n = flat.numel()
         k = k_of(n, self.density)
-        local, thr = top_k(acc, k, self.scratch)
+        acc, local, thr = self._acc_top_k(flat, k)
         idx, vals = local, acc[local]
         p, r = self.comm.size, self.comm.rank
         itype = index_dtype(n)
@@ -131,9 +151,8 @@ class GTopk(_Sparse):
                 uniq, summed = uniq[top], summed[top]
             idx, vals = uniq, summed
             step *= 2
-        flat.zero_()
-        flat.index_copy_(0, idx, vals)
-        # residual: local entries that did not survive the tree stay
-        keep = torch.zeros(n, dtype=torch.bool, device=flat.device)
-        keep[idx] = True
-        return self._finish(stats, acc, local[keep[local]], thr)
+        flat.index_copy_(0, idx, vals)  # flat was zeroed by _acc_top_k
+        # residual: local entries that did not survive the tree stay (both index lists sorted: a
+        # binary search instead of an n-entry mask)
+        pos = torch.searchsorted(idx, local).clamp_(max=max(idx.numel() - 1, 0))
+        return self._finish(stats, acc, local[idx[pos] == local] if idx.numel() else local[:0], thr)

@@ -27,17 +27,21 @@ One call reduces a rank's whole flat gradient ``g`` (n entries, ``k = ceil(n * d
 Payload per rank: split-and-reduce ~2k(P-1)/P elements (values and indices), balance and
 all-gather ~4k(P-1)/P: below 6k(P-1)/P (paper Eq. 1-3).
 
-Cost on one CPU host (``bench/bench_compress.py``): the selections avoid n-sized temporaries and
-full top-k sorts (:mod:`~paratrain.runtime.compress.select`); raising a reused threshold
-filters the entries the first compare found instead of comparing all n again; the residual
-update reads the result (a globally selected entry is never 0) instead of searching the gathered
-indices.
+Cost on one CPU host (``bench/bench_compress.py``): step 1 and the local selection are one blocked
+pass (:func:`~paratrain.runtime.compress.select.accumulate_above`: per 1 MiB block add, clear the
+gradient, which receives the result, block maxima, compare, sum of squares for the residual norm),
+4 streams of the gradient where the separate passes took 7; the exact step's top-k runs over the
+entries above a sampled bound that the same pass collects; raising a reused threshold filters the
+entries the pass found instead of comparing all n again; the residual update reads the result (a
+globally selected entry is never 0) instead of searching the gathered indices. Set
+``PARATRAIN_COMPRESS_PROFILE=1`` for per-phase times (``phases``).
 
 Departure from the paper's rules: a reused threshold is dropped when it selects outside
 [2k/3, 4k/3] entries locally (after the five x1.03 steps: replaced by an estimate from a strided
 sample of 65,536 magnitudes, and by the exact one if that misses the band too), or outside
 [2k/3, 4k/3] in total over the group (one all-gather of the ranks' counts, which the balance
-step then reuses; replaced by the exact one). Right
+step then reuses; replaced by the first two rounds of the exact radix selection: the k-th
+largest to 1/128 for fp32). Right
 after the dense warm-up the residuals grow faster than the 1.2 % and 0.8 % adjustments follow, and
 with the rules alone the measured volume left the 6k bound (random gradients, 4 ranks: up to 4.5k
 entries selected globally); after an exact recompute on the tiny GPT the local density fell to
@@ -50,7 +54,16 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, ReductionStats, index_dtype
-from .select import Scratch, exact_threshold, group_threshold, k_of, sampled_threshold
+from .profile import Phases
+from .select import (
+    Scratch,
+    accumulate_above,
+    exact_threshold,
+    group_threshold,
+    k_of,
+    sample_bound,
+    strided_sample,
+)
 
 __all__ = ["OkTopk"]
 
@@ -76,38 +89,64 @@ class OkTopk:
         self.used_thr = 0.0  # the local threshold of the last selection
         self.scratch = Scratch()
         self._region: torch.Tensor | None = None
+        self._sumsq = 0.0  # squared norm of g + residual, from the selection pass
+        self.phases = Phases()
+        self.global_exact_calls = 0  # calls that computed the global threshold exactly
 
     def residual_norm(self) -> float:
         return 0.0 if self.residual is None else float(self.residual.norm())
 
     # ----- the steps ----------------------------------------------------------------------------------
-    def _local_selection(self, acc: torch.Tensor, k: int, exact: bool) -> torch.Tensor:
-        if not exact and self.local_thr is not None and self.local_thr > 0:
-            # one pass collects the entries above the reused threshold; raising it only filters
-            # them. More than 8k entries: five x1.03 steps (+16 %) cannot bring them below 4k/3
-            idx = self.scratch.above(acc, self.local_thr, limit=8 * k)
-            if idx is not None:
-                cand = acc[idx].abs()
-                for _ in range(5):
-                    if idx.numel() <= 4 * k / 3:
-                        break
-                    self.local_thr *= 1.03
-                    keep = cand >= self.local_thr
-                    idx, cand = idx[keep], cand[keep]
-                if 2 * k / 3 <= idx.numel() <= 4 * k / 3:
-                    self.used_thr = self.local_thr
-                    return self._adjust(idx, k)
-            # the rules lost track (see the module docstring): estimate from a sample first
-            self.local_thr = sampled_threshold(acc, k)
-            if self.local_thr > 0:
-                idx = self.scratch.above(acc, self.local_thr, limit=2 * k)
-                if idx is not None and 2 * k / 3 <= idx.numel() <= 4 * k / 3:
-                    self.used_thr = self.local_thr
-                    return self._adjust(idx, k)
-        self.local_thr = exact_threshold(acc, k, self.scratch)
+    def _local_selection(self, flat: torch.Tensor, k: int, exact: bool) -> torch.Tensor:
+        """Adds ``flat`` into the residual (zeroing ``flat``) and selects on the sum, in one pass.
+
+        The pass collects every entry above ``low``, a sampled estimate of the 2k-th largest of
+        this call's sum (read at the sample points before adding), so each threshold tried
+        afterwards that is not below ``low`` is a filter of those candidates: the reused one and
+        its x1.03 steps, then the sampled estimate of the k-th largest, then the exact k-th
+        largest (a top-k of the candidates when at least k were collected: exact)."""
+        acc = self.residual
+        assert acc is not None
+        n = acc.numel()
+        if k >= n:  # keep every nonzero
+            idx, self._sumsq = accumulate_above(acc, flat, 0.0, self.scratch)
+            assert idx is not None
+            self.local_thr = self.used_thr = 0.0
+            return idx
+        sample = strided_sample((acc, flat))
+        low = sample_bound(sample, n, min(n, 2 * k))
+        cand, self._sumsq = accumulate_above(acc, flat, low, self.scratch)
+        assert cand is not None
+        mags = acc[cand].abs()
+        keep = None
+        if not exact and self.local_thr is not None and self.local_thr >= max(low, 1e-300):
+            # the paper's rule: while more than 4k/3 pass, x1.03 (at most five times). More than
+            # 8k candidates: +16 % cannot bring them below 4k/3
+            keep = mags >= self.local_thr
+            for _ in range(5):
+                if int(keep.count_nonzero()) <= 4 * k / 3:
+                    break
+                self.local_thr *= 1.03
+                keep = mags >= self.local_thr
+            if not 2 * k / 3 <= int(keep.count_nonzero()) <= 4 * k / 3:
+                keep = None
+            if keep is None:  # the rules lost track (module docstring): the sampled estimate
+                est = sample_bound(sample, n, k)
+                if est >= low and est > 0:
+                    keep = mags >= est
+                    self.local_thr = est
+                    if not 2 * k / 3 <= int(keep.count_nonzero()) <= 4 * k / 3:
+                        keep = None
+        if keep is None and cand.numel() >= k:  # exact: every entry above the k-th is a candidate
+            self.local_thr = float(torch.topk(mags, k, sorted=False).values.min())
+            keep = mags >= self.local_thr
+        if keep is not None:
+            idx = cand[keep]
+        else:  # too few candidates (an unlucky sample): over all n
+            self.local_thr = exact_threshold(acc, k, self.scratch)
+            idx = self.scratch.above(acc, self.local_thr)
+            assert idx is not None
         self.used_thr = self.local_thr
-        idx = self.scratch.above(acc, self.local_thr)
-        assert idx is not None
         return self._adjust(idx, k)
 
     def _adjust(self, idx: torch.Tensor, k: int) -> torch.Tensor:
@@ -173,7 +212,12 @@ class OkTopk:
             counts = [int(c) for c in self.comm.all_gather(self.comm.ints([sel.numel()]))]
             if 2 * k / 3 <= sum(counts) <= 4 * k / 3:
                 return sel, counts
-        self.global_thr = group_threshold(region, k, self.comm, self.scratch)
+        self.global_exact_calls += 1
+        # every threshold_period calls exact (the paper); a reused one that left its band is
+        # replaced by the radix selection's first two rounds (fp32: the k-th largest to 1/128, at
+        # least k pass), half the rounds of the exact one
+        bits = None if exact else (16 if region.dtype in (torch.float32, torch.bfloat16, torch.float16) else 24)
+        self.global_thr = group_threshold(region, k, self.comm, self.scratch, bits=bits)
         sel = self.scratch.above(region, self.global_thr)
         assert sel is not None
         return sel, None
@@ -255,18 +299,25 @@ class OkTopk:
     def reduce(self, flat: torch.Tensor) -> ReductionStats:
         n = flat.numel()
         k = k_of(n, self.density)
+        ph = self.phases
+        ph.start()
         stats = self.comm.begin(n, flat.device)
         if self.residual is None:
             self.residual = torch.zeros_like(flat)
-        acc = self.residual.add_(flat)  # g + residual, in the residual's memory
+        acc = self.residual
         exact = self.calls % self.threshold_period == 0
-        idx = self._local_selection(acc, k, exact)
+        idx = self._local_selection(flat, k, exact)  # acc = g + residual, flat zeroed
+        ph.mark("local_selection")
         if self.bounds is None or self.calls % self.region_period == 0:
             self.bounds = self._regions(idx, n)
+            ph.mark("regions")
         region = self._split_and_reduce(idx, acc[idx], self.bounds)
+        ph.mark("split_and_reduce")
         lo = self.bounds[self.comm.rank]
         sel, counts_now = self._global_selection(region, k, exact)
+        ph.mark("global_selection")
         counts, bi, bv = self._balance((sel + lo).to(index_dtype(n)), region[sel], counts_now)
+        ph.mark("balance")
         total = sum(counts)
         if not exact and self.global_thr:
             if total < 2 * k / 3:
@@ -274,14 +325,18 @@ class OkTopk:
             elif total > 4 * k / 3:
                 self.global_thr *= 1.008
         gidx, gval = self._allgather(counts, bi, bv)
-        flat.zero_()
+        ph.mark("allgather")
         flat.index_copy_(0, gidx.long(), gval)
         # residual: everything but what this rank sent and the group kept. A globally selected
         # entry is never 0 (its magnitude passed a positive threshold, or > 0), so the result
-        # marks them: one gather instead of searching gidx
-        acc.index_fill_(0, idx[flat[idx] != 0], 0)
+        # marks them: one gather instead of searching gidx. Its norm: the selection pass's sum of
+        # squares less the entries zeroed here (no pass of its own)
+        sent = idx[flat[idx] != 0]
+        zeroed = acc[sent].double()
+        acc.index_fill_(0, sent, 0)
         self.calls += 1
         stats.density = idx.numel() / n
         stats.threshold = self.used_thr
-        stats.residual_norm = float(self.residual.norm())
+        stats.residual_norm = max(0.0, self._sumsq - float(zeroed.dot(zeroed))) ** 0.5
+        ph.mark("result")
         return stats

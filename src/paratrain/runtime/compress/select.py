@@ -16,7 +16,8 @@ import torch
 
 from .base import Comm
 
-__all__ = ["Scratch", "exact_threshold", "top_k", "sampled_threshold", "group_threshold", "gaussian_threshold", "k_of"]
+__all__ = ["Scratch", "accumulate_above", "exact_threshold", "top_k", "sampled_threshold", "strided_sample",
+           "sample_bound", "group_threshold", "gaussian_threshold", "k_of"]
 
 
 def k_of(n: int, density: float) -> int:
@@ -68,6 +69,62 @@ class Scratch:
             hit = (t >= threshold if threshold > 0 else t > 0).nonzero().squeeze(1)
             idx = torch.cat([idx, hit + cols * self.BLOCK])
         return idx
+
+
+FUSED_BLOCK = 2**18  # entries per block of :func:`accumulate_above`: 1 MiB of fp32, one core's L2
+
+
+def accumulate_above(residual: torch.Tensor, grad: torch.Tensor, threshold: float | None, scratch: Scratch, *,
+                     limit: int | None = None) -> tuple[torch.Tensor | None, float]:
+    """``residual += grad`` and ``grad`` zeroed, block by block, with the selection of
+    :meth:`Scratch.above` on each block while it is in cache: one streaming pass where add, block
+    maxima, zeroing and the norm took one pass each.
+
+    Returns the sorted indices (int64) of the entries of the new residual with ``|r| >= threshold``
+    (``r != 0`` for a threshold of 0; ``None`` when ``threshold`` is ``None``, or when more than
+    ``limit`` entries pass: the pass then only adds), and the squared L2 norm of the new residual.
+    """
+    n = residual.numel()
+    found: list[torch.Tensor] = []
+    count = 0
+    sumsq = 0.0
+    select = threshold is not None
+    for a in range(0, n, FUSED_BLOCK):
+        rb, gb = residual[a: a + FUSED_BLOCK], grad[a: a + FUSED_BLOCK]
+        rb.add_(gb)
+        gb.zero_()
+        sumsq += float(torch.dot(rb, rb))
+        if select:
+            assert threshold is not None
+            idx = scratch.above(rb, threshold)
+            assert idx is not None
+            count += idx.numel()
+            if limit is not None and count > limit:
+                select = False
+                found = []
+            elif idx.numel():
+                found.append(idx.add_(a))
+    if threshold is None or (limit is not None and count > limit):
+        return None, sumsq
+    if not found:
+        return torch.empty(0, dtype=torch.int64, device=residual.device), sumsq
+    return (found[0] if len(found) == 1 else torch.cat(found)), sumsq
+
+
+def strided_sample(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The strided sample :func:`sampled_threshold` reads, of the sum of ``parts`` (the residual
+    and the gradient before they are added: the same values the sum would hold there)."""
+    n = parts[0].numel()
+    stride = max(1, n // SAMPLE)
+    out = parts[0][::stride].clone()
+    for p in parts[1:]:
+        out += p[::stride]
+    return out
+
+
+def sample_bound(sample: torch.Tensor, n: int, k: int) -> float:
+    """:func:`sampled_threshold` of a tensor of ``n`` entries from its :func:`strided_sample`."""
+    return exact_threshold(sample, max(1, round(k * sample.numel() / n)))
 
 
 def _candidates(x: torch.Tensor, k: int, scratch: Scratch | None) -> torch.Tensor | None:
@@ -131,30 +188,36 @@ def _bits(magnitude: torch.Tensor) -> tuple[torch.Tensor, int]:
     return magnitude.float().view(torch.int32).to(torch.int64), 32
 
 
-def group_threshold(x: torch.Tensor, k: int, comm: Comm, scratch: Scratch | None = None) -> float:
+def group_threshold(x: torch.Tensor, k: int, comm: Comm, scratch: Scratch | None = None, *,
+                    bits: int | None = None) -> float:
     """The exact k-th largest of the magnitudes of the values all ranks hold together (disjoint
     pieces).
 
     Radix selection on the bit patterns, 8 bits a round: each round all-reduces a 256-bin
     histogram of the next byte among the entries matching the prefix found so far (4 rounds for
-    fp32, 8 for fp64). Control traffic of 256 counts a round instead of gathering every nonzero
-    (what the public Ok-Topk code does every 32 calls), so the exact recompute keeps the volume
-    bound. Returns 0 when the group holds at most ``k`` nonzeros (keep all of them).
+    fp32, 8 for fp64); the first round's histogram also gives the total. Control traffic of 256
+    counts a round instead of gathering every nonzero (what the public Ok-Topk code does every 32
+    calls), so the exact recompute keeps the volume bound. Returns 0 when the group holds at most
+    ``k`` nonzeros (keep all of them).
+
+    ``bits``: stop after the leading ``bits`` bits (a multiple of 8) and return the lower edge of
+    the bucket holding the k-th largest: at least k entries pass it, and for ``bits=16`` (sign, 8
+    exponent and 7 mantissa bits of fp32) those above the k-th lie within 1/128 of it in magnitude.
     """
     nonzero = x[(scratch or Scratch()).above(x, 0.0)].abs()
-    total = comm.all_reduce(comm.ints([nonzero.numel()]))
-    if int(total) <= k:
-        return 0.0
     keys, width = _bits(nonzero)
+    last = width - (bits if bits is not None else width)
     prefix = 0
     remaining = k  # rank, among entries matching the prefix, of the one we look for
     candidates = keys
-    for shift in range(width - 8, -1, -8):
+    for shift in range(width - 8, last - 1, -8):
         digit = (candidates >> shift) & 0xFF
         hist = torch.bincount(digit, minlength=256).to(torch.int64)
         comm.all_reduce(hist)
         # largest digit first: walk down until the count above reaches ``remaining``
         above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])  # above[d] = count of digits >= d
+        if shift == width - 8 and int(above[0]) <= k:
+            return 0.0
         d = int((above >= remaining).nonzero().max())
         remaining -= int(above[d + 1]) if d < 255 else 0
         prefix |= d << shift

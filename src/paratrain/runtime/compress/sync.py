@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Comm, ReductionStats
+from .momentum import DgcSettings, MomentumCorrection, clip_local_, density_at, live_entries
 
 __all__ = ["CompressedGradSync", "FlatReducer", "compression_metrics", "metrics_row"]
 
@@ -40,7 +41,7 @@ class FlatReducer:
     different shards could keep different entries on the two ranks and let the replicas drift."""
 
     def __init__(self, name: str, params: list[nn.Parameter], group: dist.ProcessGroup | None, density: float,
-                 warmup: int) -> None:
+                 warmup: int, dgc: DgcSettings | None = None) -> None:
         from . import make_compressor
 
         self.params = [p for p in params if not _replicated(p)]
@@ -52,6 +53,11 @@ class FlatReducer:
         self.calls = 0
         self.compressor = make_compressor(name, group, density, [_local(p).shape for p in self.params])
         self._dense = Comm(group)
+        # DGC (momentum.py): this rank's momentum of the flat view and of the replicated rest
+        self.dgc = dgc or DgcSettings()
+        self.density = density
+        self._momentum = MomentumCorrection(self.dgc.momentum)
+        self._momentum_rest = MomentumCorrection(self.dgc.momentum)
 
     @staticmethod
     def _flat(params: list[nn.Parameter]) -> torch.Tensor:
@@ -73,16 +79,28 @@ class FlatReducer:
 
     def reduce(self) -> ReductionStats:
         flat = self._flat(self.params)
+        rest = self._flat(self.replicated) if self.replicated else None
+        if self.dgc.corrects:  # DGC: clip locally, then reduce this rank's momentum instead
+            clip_local_([flat] if rest is None else [flat, rest], self.dgc.clip, self._dense.size)
+            self._momentum.accumulate(flat)
+            if rest is not None:
+                self._momentum_rest.accumulate(rest)
         if self.calls < self.warmup:
             stats = self._dense.begin(flat.numel())
             self._dense.all_reduce(flat, "values")
             stats.payload_bytes = stats.values_sent * flat.element_size()
             stats.residual_norm = self.compressor.residual_norm()
         else:
+            if self.dgc.density_warmup and hasattr(self.compressor, "density"):
+                self.compressor.density = density_at(self.calls - self.warmup, self.density,
+                                                     self.dgc.density_warmup)
+            masking = self.dgc.corrects and self.dgc.masking
+            live = live_entries(getattr(self.compressor, "residual", None), flat) if masking else None
             stats = self.compressor.reduce(flat)
+            if live is not None:  # momentum factor masking: zero u where v left the residual
+                self._momentum.mask(live & (self.compressor.residual == 0))  # type: ignore[attr-defined]
         self._unflat(self.params, flat)
-        if self.replicated:
-            rest = self._flat(self.replicated)
+        if rest is not None:
             dense = self._dense.begin(rest.numel())
             self._dense.all_reduce(rest, "values")
             self._unflat(self.replicated, rest)
@@ -106,10 +124,10 @@ class CompressedGradSync:
     micro-batches; ``finish()`` reduces them as one flat view and averages over the group."""
 
     def __init__(self, modules: list[nn.Module], group: dist.ProcessGroup, name: str, density: float, *,
-                 warmup: int, recorder: Any = None) -> None:
+                 warmup: int, recorder: Any = None, dgc: DgcSettings | None = None) -> None:
         params = list({id(p): p for m in modules for p in m.parameters() if p.requires_grad}.values())
         self.world = dist.get_world_size(group)
-        self.reducer = FlatReducer(name, params, group, density, warmup)
+        self.reducer = FlatReducer(name, params, group, density, warmup, dgc)
         self.recorder = recorder
         self.compression_stats: list[ReductionStats] = []
 

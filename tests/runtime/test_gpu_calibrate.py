@@ -1,0 +1,79 @@
+"""`paratrain calibrate --gpu PRESET`: the GPU's kernel rates as the preset's efficiencies, stored
+beside the CPU calibration and applied by `--calibration measured`.
+
+No GPU here: the measurement runs on the CPU (tiny shapes), which exercises the whole path; the
+figures it stores are the CPU's, measured, and nothing is asserted about their size."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from tests.conftest import assert_one_line_error
+
+from paratrain.cli.options import apply_calibration
+from paratrain.cost.gemm import gemm_tile_choice
+from paratrain.errors import ConfigError
+from paratrain.runtime import gpu_calibrate
+from paratrain.spec.cluster import resolve_cluster
+from paratrain.spec.device import resolve_device
+
+H100 = resolve_device("h100")
+TINY = dict(dtype="fp32", shapes=((64, 96, 32), (128, 64, 64)), attention_shape=(1, 2, 64, 16),
+            copy_bytes=1 << 16, repeats=2)
+
+
+def test_efficiencies_invert_the_cost_model():
+    # Times made from the model's own formulas at chosen efficiencies come back as those efficiencies.
+    gemm_eff, mem_eff, attn_eff = 0.62, 0.81, 0.44
+    peak = H100.peak_flops("bf16")
+    shapes = [(8192, 4096, 4096), (4096, 4096, 4096), (8192, 28672, 4096)]
+    gemms = [{"m": m, "n": n, "k": k, "seconds": 2.0 * m * n * k / (peak * gemm_tile_choice(m, n, k, H100)[0] * e)}
+             for (m, n, k), e in zip(shapes, (gemm_eff, 0.5, 0.9), strict=True)]
+    b, h, s, d = 4, 32, 4096, 128
+    executed = 4.0 * b * h * s * s * d * 0.5 * 3.5  # causal half; forward + 2.5× backward
+    measured = {
+        "dtype": "bf16", "gemm": gemms, "copy_bytes": 2**30,
+        "copy_s": 2 * 2**30 / (H100.memory_bandwidth_Bps * mem_eff),
+        "attention": {"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": True,
+                      "seconds": executed / (peak * gemm_tile_choice(s, s, d, H100, b * h)[0] * attn_eff)},
+    }
+    out = gpu_calibrate.efficiencies(measured, H100)
+    assert out["gemm_efficiency"] == pytest.approx(gemm_eff)  # the median of 0.62, 0.5, 0.9
+    assert out["memory_efficiency"] == pytest.approx(mem_eff)
+    assert out["attention_efficiency"] == pytest.approx(attn_eff)
+    assert [g["efficiency"] for g in out["gemm_by_shape"]] == pytest.approx([gemm_eff, 0.5, 0.9])
+
+
+def test_calibrate_gpu_stores_a_measured_calibration_that_calibration_measured_applies(run_cli, monkeypatch):
+    monkeypatch.setattr(gpu_calibrate, "cuda_available", lambda: True)
+    monkeypatch.setattr(gpu_calibrate, "measure_gpu", functools.partial(gpu_calibrate.measure_gpu, "cpu", **TINY))
+    code, out, err = run_cli("calibrate", "--gpu", "h100", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    path = gpu_calibrate.measured_calibration_path("h100")
+    assert doc["path"] == str(path) and path.is_file()
+    stored = json.loads(path.read_text())
+    assert stored["preset"] == "h100" and stored["measured"]["torch_device"] == "cpu"
+    assert len(stored["gemm_by_shape"]) == 2
+    for f in gpu_calibrate.MEASURED_FIELDS:
+        assert 0 < stored[f] <= 1
+    cluster = apply_calibration(resolve_cluster("dgx-h100"), "measured")
+    assert cluster.device.gemm_efficiency == stored["gemm_efficiency"]
+    assert cluster.device.attention_efficiency == stored["attention_efficiency"]
+    fitted = apply_calibration(resolve_cluster("dgx-h100"), None)
+    assert cluster.intra_link == fitted.intra_link  # the links stay the fitted calibration's
+
+
+def test_calibrate_gpu_bad_input(run_cli, monkeypatch):
+    monkeypatch.setattr(gpu_calibrate, "cuda_available", lambda: False)
+    assert_one_line_error(*run_cli("calibrate", "--gpu", "h100")[::2], "--gpu", "no CUDA device")
+    assert_one_line_error(*run_cli("calibrate", "--gpu", "k80")[::2], "--gpu", "no bf16")
+    assert_one_line_error(*run_cli("calibrate", "--gpu", "tpu9")[::2], "--gpu")
+    assert_one_line_error(*run_cli("calibrate", "--gpu", "h100", "--threads", "2")[::2], "--gpu")
+    with pytest.raises(ConfigError, match="calibrate --gpu h200"):
+        gpu_calibrate.load_measured("h200")
+    code, _, err = run_cli("simulate", "--model", "gpt3-125m", "--cluster", "dgx-a100", "--gpus", "8", "--dp", "8",
+                           "--calibration", "measured")
+    assert_one_line_error(code, err, "--calibration", "calibrate --gpu a100-80gb")
