@@ -7,6 +7,7 @@ reports how they fit measured runs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from paratrain.spec.device import DeviceSpec
@@ -35,6 +36,29 @@ GPU_MEMORY_RESERVE: dict[str, Any] = dict(memory_reserved_bytes=1 * GiB, memory_
 # fig. 5–6, ~35 %). The fitted calibrations refine these.
 _A100_ATTENTION: dict[str, Any] = dict(fused_attention=True, attention_efficiency=0.72)
 _H100_ATTENTION: dict[str, Any] = dict(fused_attention=True, attention_efficiency=0.35)
+
+# NVIDIA H100 SXM5 datasheet (2023): FP32 67 TF, TF32 494.7 TF, BF16/FP16 989.5 TF,
+# FP8 1,979 TF, INT8 1,979 TOPS (dense: half the "with sparsity" figures, e.g. "FP8 Tensor Core
+# 3,958 teraFLOPS*"), 80 GB HBM3 at 3.35 TB/s; 132 SMs (Hopper whitepaper). A100 has no FP8
+# tensor cores (peak_fp8_flops 0: FP8 GEMMs there are a ConfigError, cost.gemm.gemm_peak_flops).
+_H100_SXM = DeviceSpec(
+    name="h100",
+    **GPU_MEMORY_RESERVE,
+    **_H100_ATTENTION,
+    peak_fp32_flops=67 * T,
+    peak_tf32_flops=494.7 * T,
+    peak_bf16_flops=989.5 * T,
+    peak_fp16_flops=989.5 * T,
+    peak_fp8_flops=1979 * T,
+    peak_int8_flops=1979 * T,
+    memory_bytes=80 * GiB,
+    memory_bandwidth_Bps=3350 * GB,
+    sm_count=132,
+    gemm_tile_m=256,
+    gemm_tile_n=128,
+    gemm_tile_k=64,
+    gemm_efficiency=0.75,
+)
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # NVIDIA Tesla K80 datasheet (2014): per board two GK210 GPUs, 8.73 TF FP32 (boost), 24 GB GDDR5
@@ -115,28 +139,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         gemm_tile_m=256,
         gemm_tile_n=128,
     ),
-    # NVIDIA H100 SXM5 datasheet (2023): FP32 67 TF, TF32 494.7 TF, BF16/FP16 989.5 TF,
-    # FP8 1,979 TF, INT8 1,979 TOPS (dense: half the "with sparsity" figures, e.g. "FP8 Tensor Core
-    # 3,958 teraFLOPS*"), 80 GB HBM3 at 3.35 TB/s; 132 SMs (Hopper whitepaper). A100 has no FP8
-    # tensor cores (peak_fp8_flops 0: FP8 GEMMs there are a ConfigError, cost.gemm.gemm_peak_flops).
-    "h100": DeviceSpec(
-        name="h100",
-        **GPU_MEMORY_RESERVE,
-        **_H100_ATTENTION,
-        peak_fp32_flops=67 * T,
-        peak_tf32_flops=494.7 * T,
-        peak_bf16_flops=989.5 * T,
-        peak_fp16_flops=989.5 * T,
-        peak_fp8_flops=1979 * T,
-        peak_int8_flops=1979 * T,
-        memory_bytes=80 * GiB,
-        memory_bandwidth_Bps=3350 * GB,
-        sm_count=132,
-        gemm_tile_m=256,
-        gemm_tile_n=128,
-        gemm_tile_k=64,
-        gemm_efficiency=0.75,
-    ),
+    "h100": _H100_SXM,
     # The H100 parts of Meta's Grand Teton servers that torchtitan's H100 benchmarks ran on
     # (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: "H100 GPUs with 96GB HBM2e",
     # "500W power limit"; docs/performance.md at 3faaa1a0d: "HBM2e lower-TDP"): the GH100 die of the
@@ -146,23 +149,11 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # 80 GB, H100 datasheet): 6/5 × 2.0 = 2.4 TB/s. The 500 W cap (the SXM5's is 700 W) lowers the
     # sustained clock under load, which the peaks (at boost clock) do not show: the per-preset
     # calibration's GEMM and attention efficiencies carry it.
-    "h100-96gb-hbm2e": DeviceSpec(
+    "h100-96gb-hbm2e": dataclasses.replace(
+        _H100_SXM,
         name="h100-96gb-hbm2e",
-        **GPU_MEMORY_RESERVE,
-        **_H100_ATTENTION,
-        peak_fp32_flops=67 * T,
-        peak_tf32_flops=494.7 * T,
-        peak_bf16_flops=989.5 * T,
-        peak_fp16_flops=989.5 * T,
-        peak_fp8_flops=1979 * T,
-        peak_int8_flops=1979 * T,
         memory_bytes=96 * GiB,  # six 16 GiB stacks, as the 80 GB parts have five
         memory_bandwidth_Bps=2400 * GB,
-        sm_count=132,
-        gemm_tile_m=256,
-        gemm_tile_n=128,
-        gemm_tile_k=64,
-        gemm_efficiency=0.75,
     ),
     # NVIDIA H200 SXM datasheet (2024): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
     "h200": DeviceSpec(
