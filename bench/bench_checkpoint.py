@@ -25,9 +25,11 @@ Work, not only wall: the CPU seconds of the training process (``getrusage``, all
 each run, and those of the writer process (the persist phase, :mod:`paratrain.runtime.checkpoint.writer`),
 so the report says what a checkpoint costs in CPU.
 
-``--only`` picks modes (auto, sync, dcp, recovery, write). ``write`` (not in the default) times the
+``--only`` picks modes (auto, sync, dcp, recovery, write, persist). ``write`` (not in the default) times the
 phases of one checkpoint write on the training thread (copy, DCP save with and without fsync,
 marker with checksums, pruning) and the step time while a writer *thread* writes back to back.
+``persist`` (not in the default) measures the writer process's CPU for one checkpoint under each
+``--writer`` setting, without training.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from paratrain.parallel.config import ParallelConfig
-from paratrain.runtime.checkpoint import state, store
+from paratrain.runtime.checkpoint import state, store, writer
 from paratrain.runtime.checkpoint.persist import Checkpointer
 from paratrain.runtime.mesh import init_runtime
 from paratrain.runtime.train import TrainConfig, Trainer
@@ -76,6 +78,36 @@ def _loop(trainer: Trainer, after=None, start: int = 0) -> list[float]:
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _persist_cpu(ctx, spec, args, root: Path) -> None:
+    """The writer process's CPU seconds for one checkpoint under each ``--writer`` setting: the same
+    snapshot (a trained state) persisted 4 times by one writer per setting, the first (imports,
+    first touch of the shared memory) left out, no training beside it. CPU time, unlike the wall
+    time of training beside a write, hardly depends on the machine's load."""
+    from paratrain.runtime.checkpoint.writer import WriterProcess
+
+    tr = _trainer(ctx, spec, args)
+    for step in range(2):
+        tr.train_step(step)
+    cap = state.capture(tr)
+    print("  writer process CPU a checkpoint (median of persists 2-4 of one writer per setting):")
+    for i, v in enumerate(args.writer.split(",")):
+        _variant(v)
+        w = WriterProcess(0, 1, None, 600)
+        w.wait_ready()
+        dest = w.arena(*state.layout(cap))
+        state.snapshot_into(cap, dest)
+        xs, before = [], w.cpu_s
+        for rep in range(4):
+            path = store.step_dir(root / f"persist{i}", rep)
+            answer = w.persist({"path": str(path), "step": rep, "manifest": {"step": rep}, "keep": 1,
+                                "rank_pid": os.getpid()})
+            xs.append(answer["cpu_s"] - before)
+            before = answer["cpu_s"]
+        w.close()
+        print(f"    {v:<22} {statistics.median(xs[1:]):.3f} s  ({', '.join(f'{x:.3f}' for x in xs)}; "
+              f"{answer['size_bytes'] / 2**20:.1f} MiB)")
 
 
 def _write_phases(ctx, spec, args, root: Path) -> None:
@@ -135,11 +167,26 @@ def _baseline_run(ctx, spec, args) -> dict:
     return {"times": times, "cpu_s": _cpu_s() - c0}
 
 
-def _auto_run(ctx, spec, args, ck_dir: Path) -> dict:
+def _variant(name: str) -> None:
+    """Set the writer's priority, the marker's checksum and the snapshot thread's OpenMP team for
+    the next run: ``nice10`` (the default), ``nice0``, ``nice19``, ``idle`` (SCHED_IDLE), each
+    optionally with ``+sha256`` (SHA-256 checksums in the marker, as before CRC-32), ``+zipcrc``
+    (torch.save's own CRC-32 of each zip record, as before the writer turned it off) and ``+team``
+    (the snapshot copies with an OpenMP team of their own, as before :func:`state.one_thread_here`)."""
+    prio, *extra = name.split("+")
+    writer.WRITER_PRIORITY = "idle" if prio == "idle" else int(prio.removeprefix("nice"))
+    store.DIGEST = "sha256" if "sha256" in extra else "crc32"
+    state.ONE_THREAD_SNAPSHOT = "team" not in extra
+    writer.ZIP_CRC32 = "zipcrc" in extra
+
+
+def _auto_run(ctx, spec, args, ck_dir: Path, variant: str = "nice10") -> dict:
     """CheckFreq as ``paratrain train`` runs it: the loop's own Checkpointer (snapshot overlapped,
-    persist in the writer process, ``k`` tuned); the last checkpoint is awaited outside the loop."""
+    persist in the writer process, ``k`` tuned, or every ``--every`` steps); the last checkpoint is
+    awaited outside the loop."""
     shutil.rmtree(ck_dir, ignore_errors=True)
-    tr = _trainer(ctx, spec, args, checkpoint_dir=str(ck_dir), checkpoint_every="auto", keep=1,
+    _variant(variant)
+    tr = _trainer(ctx, spec, args, checkpoint_dir=str(ck_dir), checkpoint_every=args.every, keep=1,
                   checkpoint_overhead=args.bound)
     lines: list[str] = []
     ck = Checkpointer(tr, lines.append)
@@ -157,7 +204,14 @@ def _auto_run(ctx, spec, args, ck_dir: Path) -> dict:
     files = [f for f in ck_dir.rglob("*") if f.is_file()]
     return {"times": times, "cpu_s": cpu, "writer_cpu_s": ck.writer_cpu_s, "taken": taken, "k": ck.interval,
             "size_bytes": sum(f.stat().st_size for f in files) / max(1, len(list(ck_dir.iterdir()))),
-            "stall_s": sum(stalls), "lines": [x for x in lines if x.startswith("checkpoint interval")]}
+            "stall_s": sum(stalls), "lines": [x for x in lines if x.startswith("checkpoint interval")],
+            "measured_s": ck._ledger.spent_s}
+
+
+def _excess(a: dict, b: dict, warmup: int) -> float:
+    """Seconds the checkpointing run ``b`` took over the run without checkpoints ``a`` (steps after
+    ``warmup``): the whole loss, to compare with the tuner's measured cost."""
+    return sum(b["times"][warmup:]) - sum(a["times"][warmup:])
 
 
 def _ratios(pairs: list[tuple[dict, dict]], stat, warmup: int) -> list[float]:
@@ -184,6 +238,12 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
     ap.add_argument("--only", default="auto,sync,dcp,recovery", help="modes, comma-separated (write: phase times)")
     ap.add_argument("--bound", type=float, default=0.035, help="auto's bound, and the PASS/MISS line's")
+    ap.add_argument("--every", default="auto", help="--checkpoint-every of the checkpointing runs (auto, or N "
+                    "steps to compare --writer settings at the same checkpoints)")
+    ap.add_argument("--writer", default="nice10", help="writer settings to compare, comma-separated: nice10 "
+                    "(default), nice0, nice19, idle (SCHED_IDLE), each optionally +sha256 (the marker's checksum), "
+                    "+zipcrc (torch.save's record CRC-32) and +team (the snapshot thread's own OpenMP team): the "
+                    "earlier behaviours")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # figures as they come
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -196,13 +256,15 @@ def main() -> None:
           f"seq {spec.seq}, {torch.get_num_threads()} threads; checkpoints in {root}")
 
     modes = set(args.only.split(","))
+    if "persist" in modes:
+        _persist_cpu(ctx, spec, args, root)
     if "write" in modes:
         _write_phases(ctx, spec, args, root)
-        if modes == {"write"}:
-            if args.dir is None:
-                shutil.rmtree(root, ignore_errors=True)
-            dist.destroy_process_group()
-            return
+    if modes <= {"write", "persist"}:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+        dist.destroy_process_group()
+        return
     load_before = os.getloadavg()[0]
     bases: list[dict] = []
     pairs: list[tuple[dict, dict]] = []
@@ -213,21 +275,36 @@ def main() -> None:
         print(f"  {name:<22} mean {1e3 * statistics.mean(t):7.2f} ms/step  median {1e3 * statistics.median(t):7.2f}"
               f"  training process CPU {r['cpu_s']:6.2f} s{note}")
 
+    variants = args.writer.split(",")
+    by_variant: dict[str, list[tuple[dict, dict]]] = {v: [] for v in variants}
     for i in range(args.pairs if "auto" in modes else 0):
-        order = ("base", "auto") if i % 2 == 0 else ("auto", "base")
+        order = ["base", *variants] if i % 2 == 0 else [*variants[::-1], "base"]
         got: dict[str, dict] = {}
         for which in order:
             if which == "base":
                 got["base"] = _baseline_run(ctx, spec, args)
                 show(f"pair {i + 1} no checkpoints", got["base"])
             else:
-                r = got["auto"] = _auto_run(ctx, spec, args, ck_dir)
-                show(f"pair {i + 1} auto", r, f", writer CPU {r['writer_cpu_s']:.2f} s; checkpoints at {r['taken']}, "
+                r = got[which] = _auto_run(ctx, spec, args, ck_dir, which)
+                name = args.every if len(variants) == 1 and which == "nice10" else f"{args.every} {which}"
+                show(f"pair {i + 1} {name}", r, f", writer CPU {r['writer_cpu_s']:.2f} s; checkpoints at {r['taken']}, "
                      f"k={r['k']}, {r['size_bytes'] / 2**20:.1f} MiB each, loop on checkpoints {r['stall_s']:.2f} s")
         bases.append(got["base"])
-        pairs.append((got["base"], got["auto"]))
+        for v in variants:
+            by_variant[v].append((got["base"], got[v]))
+            print(f"  pair {i + 1} {v}: cost measured by the tuner {got[v]['measured_s']:.2f} s, "
+                  f"the run's excess over no checkpoints {_excess(got['base'], got[v], w):.2f} s")
+    pairs = by_variant[variants[0]]
+    if len(variants) > 1 and pairs:
+        for v in variants:
+            ps = by_variant[v]
+            per = [_excess(a, b, w) / max(1, len(b["taken"])) for a, b in ps]
+            print(f"  {v:<14} vs none, mean step: {_pct(_ratios(ps, statistics.mean, w))}; "
+                  f"{statistics.median(per):.2f} s of training a checkpoint ({len(ps[0][1]['taken'])} in the loop), "
+                  f"writer CPU {statistics.median([b['writer_cpu_s'] / (len(b['taken']) + 1) for _, b in ps]):.2f} "
+                  "s a checkpoint")
 
-    if pairs:
+    if pairs and len(variants) == 1:
         means = _ratios(pairs, statistics.mean, w)
         print(f"  auto vs none, mean step (everything counted):   {_pct(means)}")
         print(f"  auto vs none, median step (steps beside writes): {_pct(_ratios(pairs, statistics.median, w))}")

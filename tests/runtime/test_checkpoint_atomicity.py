@@ -92,7 +92,7 @@ def test_damaged_files_are_reported_and_never_loaded(killed, run_cli) -> None:
     assert code == 0
     doc = json.loads(out)
     problems = {c["step"]: (c["status"], c["problem"]) for c in doc["checkpoints"]}
-    assert problems[8][0] == "corrupt" and "SHA-256" in problems[8][1]
+    assert problems[8][0] == "corrupt" and "CRC-32 check" in problems[8][1]
     assert problems[6][0] == "corrupt" and "truncated" in problems[6][1]
     assert doc["newest_complete_step"] is None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import zlib
 
 import pytest
 
@@ -50,14 +51,6 @@ def test_interval_worked_example() -> None:
     assert frequency.interval_for(1.0, 0.07, 0.5) == 2
     assert frequency.interval_for(1.0, 0.07, 5.5) == 6
     assert frequency.interval_for(0.0, 1.0, 1.0) == 1  # no measurement yet: every step
-
-
-def test_interference_is_the_extra_time_of_the_overlapped_steps() -> None:
-    # 4 steps of 1.0, 1.1, 1.0, 1.3 s beside a write, against 1.0 s clean steps: 0.4 s extra
-    assert frequency.interference([1.0, 1.1, 1.0, 1.3], 1.0) == pytest.approx(0.4)
-    assert frequency.interference([], 1.0) == 0.0
-    # faster than the clean steps: the machine changed, not a cost the write took back
-    assert frequency.interference([0.8, 0.9], 1.0) == 0.0
 
 
 def _smallest_within_budget(step_s, cost_s, persist_s, spent_s, total, left, bound) -> int:
@@ -122,23 +115,64 @@ def test_marker_lists_every_file_with_size_and_checksum(tmp_path) -> None:
     doc = json.loads((store.step_dir(tmp_path, 5) / store.MARKER).read_text())
     assert doc["format"] == store.FORMAT and doc["step"] == 5
     assert doc["files"]["__0_0.distcp"]["bytes"] == 10240
-    assert doc["files"]["__0_0.distcp"]["sha256"] == store.file_digest(store.step_dir(tmp_path, 5) / "__0_0.distcp")
+    data = store.step_dir(tmp_path, 5) / "__0_0.distcp"
+    assert doc["files"]["__0_0.distcp"]["crc32"] == f"{zlib.crc32(data.read_bytes()):08x}"
     [info] = store.list_checkpoints(tmp_path)
     assert info.status == "complete" and info.size_bytes == 10240 + 5
 
 
+@pytest.mark.parametrize("digest", ["crc32", "sha256"])  # sha256: the markers written before CRC-32
 @pytest.mark.parametrize("damage,expect", [
-    (lambda d: (d / "__0_0.distcp").write_bytes(b"x" * 10240), "SHA-256"),  # same size, other bytes
+    (lambda d: (d / "__0_0.distcp").write_bytes(b"x" * 10240), "check"),  # same size, other bytes
     (lambda d: (d / "__0_0.distcp").write_bytes(b"x" * 100), "truncated"),
     (lambda d: (d / ".metadata").unlink(), "missing"),
     (lambda d: (d / store.MARKER).write_text("{not json"), "unreadable marker"),
     (lambda d: (d / store.MARKER).write_text('{"format": "other"}'), "is not a"),
 ])
-def test_damage_is_detected(tmp_path, damage, expect: str) -> None:
+def test_damage_is_detected(tmp_path, monkeypatch, digest: str, damage, expect: str) -> None:
+    monkeypatch.setattr(store, "DIGEST", digest)
     _fake_checkpoint(tmp_path, 5)
     damage(store.step_dir(tmp_path, 5))
     [info] = store.list_checkpoints(tmp_path)
     assert info.status == "corrupt" and expect in (info.problem or "")
+
+
+@pytest.mark.parametrize("damage", [lambda f: f.write_bytes(b"\x01" + f.read_bytes()[1:]),  # one bit
+                                    lambda f: f.write_bytes(f.read_bytes()[:-1])])  # one byte short
+def test_a_crc32_marker_detects_a_bit_flip_and_a_truncation(tmp_path, monkeypatch, damage) -> None:
+    _fake_checkpoint(tmp_path, 5)
+    data = store.step_dir(tmp_path, 5) / "__0_0.distcp"
+    monkeypatch.setattr(store, "DIGEST", "sha256")  # a marker is checked with the checksum it holds
+    assert store.list_checkpoints(tmp_path)[0].status == "complete"
+    damage(data)
+    [info] = store.list_checkpoints(tmp_path)
+    assert info.status == "corrupt" and ("CRC-32" in info.problem or "truncated" in info.problem)
+
+
+def test_the_snapshot_thread_runs_alone_without_changing_training_s_threads() -> None:
+    import ctypes
+    import threading
+
+    import torch
+
+    from paratrain.runtime.checkpoint import state
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # training's threads
+    seen: list[int] = []
+
+    def snapshot_thread() -> None:
+        seen.append(ctypes.CDLL(None).omp_get_max_threads())
+        state.one_thread_here()
+        seen.append(ctypes.CDLL(None).omp_get_max_threads())
+
+    try:
+        t = threading.Thread(target=snapshot_thread)
+        t.start()
+        t.join()
+        assert seen == [2, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_resume_picks_the_newest_sound_checkpoint_and_names_what_it_skipped(tmp_path) -> None:

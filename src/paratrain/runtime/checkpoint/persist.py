@@ -4,7 +4,8 @@ At a step boundary the step loop calls :meth:`Checkpointer.after_step`. When a c
 it takes references to the state (:func:`.state.capture`, cheap) and starts one background thread:
 
 1. *snapshot*: host copies of every tensor (:func:`.state.snapshot_into`), into shared-memory
-   tensors allocated once per run. It overlaps the next step's forward and backward; a pre-hook on
+   tensors allocated once per run, on that thread alone (:func:`.state.one_thread_here`). It
+   overlaps the next step's forward and backward; a pre-hook on
    AdamW's ``step`` waits for it, so the optimizer never changes a weight the snapshot has not
    copied yet (CheckFreq's ``weight_update`` spin; torchtitan's ``maybe_wait_for_staging`` before
    ``optimizer.step()``);
@@ -20,8 +21,9 @@ shared-memory snapshot is rewritten only after the writer finished reading it). 
 (:mod:`.frequency`): every N steps; every N seconds (converted with the measured step time); or
 ``auto``, CheckFreq's tuner: after :data:`~.frequency.PROFILE_STEPS` timed steps a first
 checkpoint, overlapped like the others, measures what one costs (the training thread's time on it
-and the slowdown of the steps beside its write); ``k`` is chosen when it is complete on every rank
-and re-tuned at each checkpoint from the costs measured so far (:func:`.frequency.budget_interval`).
+and the slowdown of every step of its interval against a reference taken far from any write,
+:class:`.frequency.CostLedger`); ``k`` is chosen when it is complete on every rank and re-tuned at
+each checkpoint from the costs measured so far (:func:`.frequency.budget_interval`).
 Every rank decides the same ``k`` from the maximum of the ranks' measurements (small all-reduces
 on a gloo group of their own, at a checkpoint and while the first one is written).
 Asynchronous pipelines (PipeDream, 2BW) drain at each checkpoint step
@@ -56,9 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Checkpointer"]
 
-CLEAN_WINDOW = 64  # clean steps the baseline averages: recent enough to follow a drifting machine
-
-
 class Checkpointer:
     """Checkpoints of one rank's trainer into ``train.checkpoint_dir`` (module docstring).
 
@@ -89,9 +88,7 @@ class Checkpointer:
         self._k = 0  # current interval (auto, seconds)
         self._next_at: int | None = None
         self._decide_at: int | None = None
-        self._clean: list[float] = []  # recent step times with no checkpoint activity: the baseline
-        self._spent_s = 0.0  # measured cost of checkpointing so far: training-thread time + interference
-        self._measured = 0  # checkpoints whose cost is in _spent_s
+        self._ledger = frequency.CostLedger()  # what checkpoints have cost the loop, every step counted
         self._profiling: int | None = None  # auto: step of the first checkpoint while it is written
         self.saved: list[int] = []
         self.last_overhead: float | None = None  # measured over the last interval (auto)
@@ -168,10 +165,7 @@ class Checkpointer:
         start = time.perf_counter()
         waited, self._stall_s = self._stall_s, 0.0  # inside the step (its time includes it)
         if step > self._start:  # the first step after start-up allocates and warms up
-            if self._inflight is not None:  # the write ran during this step: part of its cost
-                self._inflight.setdefault("overlap", []).append(row["step_time_s"])
-            else:
-                self._clean = (self._clean + [row["step_time_s"]])[-CLEAN_WINDOW:]
+            self._ledger.observe(row["step_time_s"], writing=self._inflight is not None, waited_s=waited)
         self._poll()
         extra: dict[str, Any] = {}
         if done < self.trainer.train.steps:
@@ -188,16 +182,14 @@ class Checkpointer:
                 self._take(done, "interval")
                 extra["checkpoint_step"] = done
         loop_s = time.perf_counter() - start
-        self._spent_s += loop_s
+        self._ledger.add_thread_time(loop_s)
         if extra or loop_s + waited > 1e-4:
             extra["checkpoint_stall_s"] = loop_s + waited
         return extra
 
     def _baseline(self) -> float:
-        """A clean step's time: the mean of the recent steps that overlapped no checkpoint (the mean,
-        not the median, so that the cost measured against it is not biased by a skewed spread)."""
-        pool = self._clean
-        return sum(pool) / len(pool) if pool else 0.0
+        """A step's time far from any checkpoint (:attr:`.frequency.CostLedger.reference_s`)."""
+        return self._ledger.reference_s
 
     def _reduce_max(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
@@ -209,6 +201,7 @@ class Checkpointer:
         """auto's first checkpoint. Overlapped like every other (the training thread does not wait
         for its write); ``k`` is decided once every rank's write has finished. An asynchronous
         pipeline decides its next drain at the start of a segment, so it waits for this one."""
+        self._ledger.started()
         self._start_checkpoint(done, "auto-profile")
         self._profiling = done
         if getattr(self.trainer.executor, "is_async", False):
@@ -232,13 +225,14 @@ class Checkpointer:
         ``done`` too, whose cost is not measured yet but will be spent: count it at the mean."""
         last = self._last or {}
         t = self.trainer.train
-        # the mean cost of a checkpoint so far
-        mean = max(0.0, self._spent_s / max(1, self._measured))
-        base, cost, full, spent = self._reduce_max([
+        # the mean cost of a checkpoint so far, each over its whole interval (CostLedger)
+        mean = self._ledger.mean_cost_s()
+        base, cost, full, spent, least = self._reduce_max([
             self._baseline(), mean, last.get("snapshot_s", 0.0) + last.get("persist_s", 0.0),
-            self._spent_s + (mean if starting else 0.0)])
+            self._ledger.spent_s + (mean if starting else 0.0), float(self._ledger.min_interval)])
         k = frequency.budget_interval(base, cost, full, spent_s=spent, steps_total=t.steps - self._start,
                                       steps_left=t.steps - done, bound=self.bound * frequency.AIM)
+        k = max(k, int(least))  # far steps in every interval, to keep the reference true
         past = spent - (cost if starting else 0.0)  # measured, without the one starting now
         self.last_overhead = past / ((done - self._start) * base) if base > 0 and done > self._start else None
         if k != self._k:
@@ -249,6 +243,7 @@ class Checkpointer:
 
     def _take(self, done: int, reason: str) -> None:
         self._join()  # at most one in flight
+        self._ledger.started()  # the previous checkpoint's interval, and so its cost, ends here
         if self.every.kind == "auto":
             self._decide(done, starting=True)
         elif self.every.kind == "seconds":
@@ -275,6 +270,8 @@ class Checkpointer:
         info = self._inflight
         assert info is not None
         try:
+            if state.ONE_THREAD_SNAPSHOT:
+                state.one_thread_here()  # no OpenMP team of its own beside training's threads
             t0 = time.perf_counter()
             dest = self.writer.arena(*state.layout(cap))
             state.snapshot_into(cap, dest, halfway=lambda: faults.maybe_inject_checkpoint_fault(self.rank, done,
@@ -314,10 +311,6 @@ class Checkpointer:
         info = self._inflight or {}
         self._inflight = None
         info["stall_s"] = info.get("wait_s", 0.0) + (time.perf_counter() - t0)
-        # the steps that ran beside the write were slower than clean ones: that is part of its cost
-        info["interference_s"] = frequency.interference(info.get("overlap", []), self._baseline())
-        self._spent_s += info["interference_s"]
-        self._measured += 1
         self._last = info
         self.saved.append(info["step"])
         size = info.get("size_bytes")

@@ -16,6 +16,8 @@ embedding on the first and last pipeline stage) are saved from one copy and load
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +28,10 @@ if TYPE_CHECKING:
     from paratrain.runtime.train import Trainer
 
 __all__ = ["Capture", "named_parameters", "capture", "snapshot", "layout", "snapshot_into", "load_targets",
-           "apply_loaded", "MOMENTS"]
+           "apply_loaded", "MOMENTS", "one_thread_here"]
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+ONE_THREAD_SNAPSHOT = True  # the snapshot thread runs its copies alone (one_thread_here); a bench compares
 
 
 def named_parameters(trainer: Trainer) -> dict[str, list[torch.nn.Parameter]]:
@@ -116,6 +119,18 @@ def layout(cap: Capture) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]]
             shards[key] = (tuple(t.shape), tuple(offsets))
     items += [(key, tuple(r.shape), r.dtype) for key, r in cap.rng.items()]
     return items, shards
+
+
+def one_thread_here() -> None:
+    """Run the torch ops of the calling (background) thread on that thread alone.
+
+    A torch op's parallel region entered from a second Python thread starts an OpenMP team of its
+    own, as many threads as training's, so a background snapshot copy put twice the cores' worth of
+    threads on the machine and training's threads then waited at their barriers for the preempted
+    ones. OpenMP's thread count is a per-thread setting, set here through the OpenMP runtime torch
+    loaded; ``torch.set_num_threads`` would change the whole process's. A no-op where there is none."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).omp_set_num_threads(1)
 
 
 def snapshot_into(cap: Capture, dest: dict[str, torch.Tensor], *, halfway: Any = None) -> None:

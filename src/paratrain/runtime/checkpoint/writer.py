@@ -46,9 +46,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["WriterProcess", "WriterDied", "WRITER_NICE", "cpu_s"]
+__all__ = ["WriterProcess", "WriterDied", "WRITER_NICE", "WRITER_PRIORITY", "ZIP_CRC32", "cpu_s"]
 
 WRITER_NICE = 10  # the writer's niceness: on a busy machine training keeps the cores first
+# "idle": SCHED_IDLE instead (the writer runs only on a core nothing else wants); read when a
+# WriterProcess starts, so a bench can compare settings
+WRITER_PRIORITY: int | str = WRITER_NICE
+# torch.save's zip records carry a CRC-32 each, computed byte by byte (about half the writer's CPU
+# on DCP's tensor files); the marker's checksum already covers every file, so the writer skips it
+# (torch.load does not check it). A bench sets True to compare.
+ZIP_CRC32 = False
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _POLL_S = 0.5  # how often a rank waiting for its writer checks that it is alive
 _STOP_S = 30.0  # a stopped writer's time to exit (generous: on a loaded machine it runs at nice +10)
@@ -100,7 +107,8 @@ class WriterProcess:
         self._conn = Connection(ours.detach())
         self._finalizer = weakref.finalize(self, _stop, self.proc, self._conn)
         self._conn.send({"rank": rank, "world": world, "host": host, "port": port, "timeout_s": timeout_s,
-                         "parent_pid": os.getpid()})
+                         "parent_pid": os.getpid(), "priority": WRITER_PRIORITY,
+                         "digest": _store_digest(), "zip_crc32": ZIP_CRC32})
         self._ready: dict[str, Any] | None = None
         self._layout: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None
         self._shards: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -282,6 +290,21 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _store_digest() -> str:
+    from . import store
+
+    return store.DIGEST
+
+
+def _lower_priority(priority: int | str) -> None:
+    """``nice`` by ``priority``, or SCHED_IDLE for ``"idle"`` (where the platform has it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        if priority == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif int(priority):
+            os.nice(int(priority))
+
+
 def _persist(msg: dict[str, Any], state: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
@@ -310,8 +333,11 @@ def _persist(msg: dict[str, Any], state: dict[str, Any], rank: int) -> dict[str,
 def _serve(conn: Connection) -> None:
     cfg = conn.recv()
     _die_with(cfg["parent_pid"])
-    with contextlib.suppress(OSError):
-        os.nice(WRITER_NICE)
+    _lower_priority(cfg.get("priority", WRITER_NICE))
+    from . import store as checkpoint_store
+
+    checkpoint_store.DIGEST = cfg.get("digest", checkpoint_store.DIGEST)
+    torch.serialization.set_crc32_options(bool(cfg.get("zip_crc32", ZIP_CRC32)))
     torch.set_num_threads(1)
     rank, world = cfg["rank"], cfg["world"]
     timeout = datetime.timedelta(seconds=cfg["timeout_s"])
