@@ -12,9 +12,9 @@ rank's. Each method runs ``--warmup`` untimed calls (Ok-Topk's first call comput
 and regions exactly, later calls reuse them as in training), then ``--reps`` timed ones; the figure
 is their median. PowerSGD sees the gradient as square matrices of ``--matrix`` rows. Methods
 alternate within each repetition so slow drifts of a shared machine hit all of them.
-"select only" is the floor of every sparse method on this host: the one blocked pass that adds the
+"select only" is the floor of every sparse method on this host: the one pass that adds the
 gradient into the residual, clears the gradient and finds the entries above a threshold
-(``select.accumulate_above``), on all ranks at once, no communication.
+(``select.accumulate_above``, a compiled loop on the CPU), on all ranks at once, no communication.
 
 ``--stream drift`` replaces the i.i.d. draws by one slowly drifting heavy-tailed gradient stream
 (:class:`DriftingGradient`: consecutive steps of one run, the paper's setting), the same gradient

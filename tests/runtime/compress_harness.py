@@ -52,13 +52,28 @@ def _hand(rank: int) -> dict[str, Any]:
     return out
 
 
+class SplitMessages(OkTopk):
+    """Split-and-reduce messages of one entry: every longer piece sends its rest in a second message."""
+
+    def _capacity(self, k: int) -> int:
+        return 1
+
+
+class CountedMessages(OkTopk):
+    """Counts all-gathered before the split-and-reduce messages, as on NCCL (exact receive sizes)."""
+
+    def _sized_receives(self) -> bool:
+        return False
+
+
 def _conservation(name: str, group: dist.ProcessGroup | None, *, n: int = 1000, density: float = 0.05,
-                  calls: int = 4, seed: int = 0) -> dict[str, Any]:
+                  calls: int = 4, seed: int = 0, cls: type | None = None) -> dict[str, Any]:
     """Each call: the group's sum of ``g + residual`` equals the result plus the group's sum of the new
-    residuals (error feedback loses nothing); every rank holds the same result."""
+    residuals (error feedback loses nothing); every rank holds the same result. ``cls``: an Ok-Topk
+    variant instead of ``name``."""
     me = dist.get_rank(group)
     shapes = [torch.Size([20, 40]), torch.Size([n - 800])]
-    c = make_compressor(name, group, density, shapes)
+    c = cls(group, density) if cls is not None else make_compressor(name, group, density, shapes)
     errors, spread, nonzeros, sent = [], [], [], []
     gen = torch.Generator().manual_seed(seed + me)
     for _ in range(calls):
@@ -75,7 +90,7 @@ def _conservation(name: str, group: dist.ProcessGroup | None, *, n: int = 1000, 
         spread.append(float(max((x - g).abs().max() for x in gathered)))
         nonzeros.append(int((g != 0).sum()))
         sent.append(stats.elements_sent)
-    return {"errors": errors, "spread": spread, "nonzeros": nonzeros, "sent": sent}
+    return {"errors": errors, "spread": spread, "nonzeros": nonzeros, "sent": sent, "result": g.clone()}
 
 
 def _keep_all(rank: int) -> dict[str, Any]:
@@ -108,6 +123,8 @@ def _worker(rank: int, out: str) -> None:
     res: dict[str, Any] = {"hand": _hand(rank), "keep_all": _keep_all(rank), "gtopk": _gtopk(rank)}
     for name in ("oktopk", "topka", "gaussiank", "powersgd"):
         res[f"conservation-{name}"] = _conservation(name, None)
+    res["conservation-oktopk-split"] = _conservation("oktopk", None, cls=SplitMessages)
+    res["conservation-oktopk-counted"] = _conservation("oktopk", None, cls=CountedMessages)
     if rank > 0:
         res["conservation-oktopk-3ranks"] = _conservation("oktopk", sub)
     # threshold reuse: 40 calls cross the exact recompute at call 32

@@ -103,7 +103,8 @@ def _dense(entries: dict[int, float]) -> torch.Tensor:
     return v
 
 
-@pytest.mark.parametrize("case", ["oktopk", "topka", "gaussiank", "powersgd", "oktopk-3ranks", "oktopk-reuse"])
+@pytest.mark.parametrize("case", ["oktopk", "topka", "gaussiank", "powersgd", "oktopk-3ranks", "oktopk-reuse",
+                                  "oktopk-split", "oktopk-counted"])
 def test_error_feedback_loses_no_gradient_and_ranks_agree(small: list[dict[str, Any]], case: str) -> None:
     """Sum over ranks of (gradient + old residual) = result + sum of new residuals, every call;
     every rank ends with the same result (3 ranks: a subgroup, ring all-gather)."""
@@ -113,6 +114,18 @@ def test_error_feedback_loses_no_gradient_and_ranks_agree(small: list[dict[str, 
             continue
         assert max(got["errors"]) < 1e-12
         assert max(got["spread"]) == 0.0
+
+
+def test_split_and_reduce_message_variants_give_the_same_reduction(small: list[dict[str, Any]]) -> None:
+    """The count in front of each message with the rest in a second one (pieces longer than the
+    receive buffer; here every piece of more than one entry), and the counts all-gathered first
+    (NCCL's path): the same results, selections and payload as the default gloo path."""
+    for res in small:
+        want = res["conservation-oktopk"]
+        for variant in ("split", "counted"):
+            got = res[f"conservation-oktopk-{variant}"]
+            assert torch.equal(got["result"], want["result"]), variant
+            assert got["nonzeros"] == want["nonzeros"] and got["sent"] == want["sent"], variant
 
 
 def test_ok_topk_keeps_about_k_and_stays_under_6k(small: list[dict[str, Any]]) -> None:

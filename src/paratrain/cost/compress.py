@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from paratrain.errors import ConfigError
 
-__all__ = ["COMPRESSED", "SELECTION_PASSES", "REGION_PASSES", "TOPK_PASSES", "CompressionCost", "selection_passes",
+__all__ = ["COMPRESSED", "SELECTION_PASSES", "TOPK_PASSES", "CompressionCost", "selection_passes",
            "entries_kept", "volume_elements", "latency_terms", "compression_cost", "powersgd_elements",
            "compressed_reduce_s"]
 
@@ -41,28 +41,27 @@ TOPK_PASSES = 8.0
 OKTOPK_THRESHOLD_PERIOD = 32  # exact thresholds every 32 calls (runtime.compress.oktopk)
 
 # Streaming passes over the n-entry gradient per call, counted from the code
-# (tests/cost/test_compress_passes.py). Every sparse method starts with one blocked pass
-# (runtime.compress.select.accumulate_above) that adds the gradient into the residual, clears the
-# gradient (it receives the result) and selects while each 1 MiB block is in cache: read g and r,
-# write r and g = 4. The exact top-k (TopkA, gTop-k, Ok-Topk every 32 calls) runs over the ~2k
-# entries above a sampled bound that the same pass collects: O(k), not a pass. The rest of each
-# method: Ok-Topk clears, scans (block maxima: 2 reads) its region of n/P, 3/P
-# (:data:`REGION_PASSES`); Gaussiank's fit reads mean and variance (2) and its block maxima (2).
+# (tests/cost/test_compress_passes.py). Every sparse method starts with one compiled loop
+# (runtime.compress.kernels.accumulate_select) that adds the gradient into the residual, clears
+# the gradient (it receives the result), selects and sums the squares and the values: read g and
+# r, write r and g = 4. The exact top-k (TopkA, gTop-k, Ok-Topk every 32 calls) runs over the ~2k
+# entries above a sampled bound that the same loop collects: O(k), not a pass. Ok-Topk sums its
+# region as sorted merges of the received pieces (O(k), no dense buffer of n/P); Gaussiank's fit
+# comes from the loop's sums, then one read selects (1).
 SELECTION_PASSES = {
     "none": 0.0,
-    "oktopk": 4.0,  # plus REGION_PASSES / P
+    "oktopk": 4.0,
     "topka": 4.0,
     "gtopk": 4.0,
-    "gaussiank": 4 + 2 + 2,
+    "gaussiank": 4 + 1,
     "powersgd": 2 + 2 + 1 + 2,  # error feedback (2), M·Q and Mᵀ·P read M (2), P·Qᵀ writes M (1), error (2)
 }
-REGION_PASSES = 3.0  # Ok-Topk's region of n/P entries: cleared, then two block-maxima reads
 
 
 def selection_passes(method: str, p: int) -> float:
     """Streaming passes over the gradient of one call of ``method`` on ``p`` ranks
-    (:data:`SELECTION_PASSES`, Ok-Topk's region included)."""
-    return SELECTION_PASSES[method] + (REGION_PASSES / p if method == "oktopk" else 0.0)
+    (:data:`SELECTION_PASSES`; none of them depends on ``p`` since Ok-Topk's region is summed sparsely)."""
+    return SELECTION_PASSES[method]
 
 
 def entries_kept(n: int, density: float) -> int:

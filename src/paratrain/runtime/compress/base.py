@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..comm import layer as comm
 
-__all__ = ["Comm", "Compressor", "ReductionStats", "index_dtype"]
+__all__ = ["Comm", "Compressor", "ReductionStats", "Packed", "index_dtype", "pack", "packed_bytes", "unpack"]
 
 
 @dataclass
@@ -68,6 +68,64 @@ def index_dtype(n: int) -> torch.dtype:
     return torch.int32 if n < 2**31 else torch.int64
 
 
+def _segment(entries: int, itype: torch.dtype, vtype: torch.dtype) -> tuple[int, int]:
+    """Bytes of one packed segment's indices and of the whole segment, each part padded to 8 bytes
+    (the next part, of any dtype, starts aligned)."""
+    ib = -(-entries * itype.itemsize // 8) * 8
+    return ib, ib + -(-entries * vtype.itemsize // 8) * 8
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Sparse entries (indices and values) of one or more segments in one byte buffer: one message
+    per peer instead of one for the indices and one for the values. Counted as ``entries`` values
+    and ``entries`` indices (the padding, under 8 bytes a segment, is not payload), and a count
+    in front (``head``) as one control element."""
+
+    buf: torch.Tensor  # uint8
+    entries: int
+    index_dtype: torch.dtype
+    value_dtype: torch.dtype
+    head: bool = False
+
+
+def packed_bytes(counts: list[int], itype: torch.dtype, vtype: torch.dtype, *, head: bool = False) -> int:
+    """Size of the buffer :func:`pack` makes of segments of ``counts`` entries."""
+    return 8 * head + sum(_segment(c, itype, vtype)[1] for c in counts)
+
+
+def pack(segments: list[tuple[torch.Tensor, torch.Tensor]], itype: torch.dtype, *, head: int | None = None) -> Packed:
+    """Segments of (indices, values) in one buffer, each its indices (as ``itype``) then its
+    values; with ``head``, that number (int64) in front (a receiver that does not know the count)."""
+    vtype = segments[0][1].dtype
+    device = segments[0][1].device
+    counts = [i.numel() for i, _ in segments]
+    buf = torch.empty(packed_bytes(counts, itype, vtype, head=head is not None), dtype=torch.uint8, device=device)
+    at = 0
+    if head is not None:
+        buf[:8].view(torch.int64).fill_(head)
+        at = 8
+    for idx, vals in segments:
+        ib, size = _segment(idx.numel(), itype, vtype)
+        buf[at: at + idx.numel() * itype.itemsize].view(itype).copy_(idx)
+        buf[at + ib: at + ib + idx.numel() * vtype.itemsize].view(vtype).copy_(vals)
+        at += size
+    return Packed(buf, sum(counts), itype, vtype, head is not None)
+
+
+def unpack(buf: torch.Tensor, counts: list[int], itype: torch.dtype, vtype: torch.dtype, *,
+           head: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The segments of a buffer :func:`pack` made (views into ``buf``; a longer buffer's tail is
+    ignored)."""
+    out, at = [], 8 * head
+    for c in counts:
+        ib, size = _segment(c, itype, vtype)
+        out.append((buf[at: at + c * itype.itemsize].view(itype),
+                    buf[at + ib: at + ib + c * vtype.itemsize].view(vtype)))
+        at += size
+    return out
+
+
 class Comm:
     """The group a compressor reduces over, with send counters (module docstring).
 
@@ -98,7 +156,10 @@ class Comm:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     def _count(self, t: torch.Tensor, elements: int, payload: str | None) -> None:
-        nbytes = elements * t.element_size()
+        self._count_bytes(t.element_size(), elements, payload)
+
+    def _count_bytes(self, itemsize: int, elements: int, payload: str | None) -> None:
+        nbytes = elements * itemsize
         if payload == "values":
             self.stats.values_sent += elements
             self.stats.payload_bytes += nbytes
@@ -125,7 +186,7 @@ class Comm:
         comm.all_gather(out, t.contiguous(), self.group, axis="dp", purpose=f"compress_{payload or 'control'}")
         return out
 
-    def exchange(self, sends: dict[int, list[tuple[torch.Tensor, str]]],
+    def exchange(self, sends: dict[int, list[tuple[torch.Tensor, str] | Packed]],
                  receives: dict[int, list[torch.Tensor]]) -> None:
         """Point-to-point: ``sends[peer]`` tensors (with their payload kind) to group rank ``peer``,
         ``receives[peer]`` buffers filled from ``peer``; returns when all are done. Empty
@@ -133,12 +194,20 @@ class Comm:
         for work in self.start_exchange(sends, receives):
             work.wait()
 
-    def start_exchange(self, sends: dict[int, list[tuple[torch.Tensor, str]]],
+    def start_exchange(self, sends: dict[int, list[tuple[torch.Tensor, str] | Packed]],
                        receives: dict[int, list[torch.Tensor]]) -> list[dist.Work]:
         """:meth:`exchange` without waiting: the works to wait for."""
         ops = []
         for peer, items in sends.items():
-            for t, kind in items:
+            for item in items:
+                if isinstance(item, Packed):
+                    if item.entries or item.head:
+                        self._count_bytes(item.index_dtype.itemsize, item.entries, "indices")
+                        self._count_bytes(item.value_dtype.itemsize, item.entries, "values")
+                        self._count_bytes(8, int(item.head), None)
+                        ops.append(comm.P2P(True, item.buf, self.global_rank(peer), "compress_packed"))
+                    continue
+                t, kind = item
                 if t.numel():
                     self._count(t, t.numel(), kind)
                     ops.append(comm.P2P(True, t.contiguous(), self.global_rank(peer), f"compress_{kind}"))

@@ -8,7 +8,17 @@ import torch
 import torch.distributed as dist
 
 from .base import Comm, ReductionStats, index_dtype
-from .select import Scratch, accumulate_above, gaussian_threshold, k_of, sample_bound, strided_sample, top_k
+from .select import (
+    Scratch,
+    accumulate_above,
+    add_at,
+    gaussian_threshold_of,
+    k_of,
+    put_at,
+    sample_bound,
+    strided_sample,
+    top_k,
+)
 
 __all__ = ["TopkA", "GTopk", "Gaussiank"]
 
@@ -33,23 +43,26 @@ class _Sparse:
         _, self._sumsq = accumulate_above(self.residual, flat, None, self.scratch)
         return self.residual
 
-    def _acc_top_k(self, flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """:meth:`_acc` and the exact top-k of the sum (sorted indices, exactly k, and the k-th
-        largest magnitude): the adding pass also collects the entries above a sampled estimate of
-        the 2k-th largest, and the top-k runs over those (as Ok-Topk's exact steps)."""
+    def _acc_top_k(self, flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """:meth:`_acc` and the exact top-k of the sum (sorted indices, exactly k, their values and
+        the k-th largest magnitude): the adding pass also collects the entries above a sampled
+        estimate of the 2k-th largest with their values, and the top-k runs over those (as
+        Ok-Topk's exact steps)."""
         if self.residual is None:
             self.residual = torch.zeros_like(flat)
         acc, n = self.residual, flat.numel()
         if k >= n:
             _, self._sumsq = accumulate_above(acc, flat, None, self.scratch)
-            return acc, torch.arange(n, device=acc.device), 0.0
+            return acc, torch.arange(n, device=acc.device), acc.clone(), 0.0
         bound = sample_bound(strided_sample((acc, flat)), n, min(n, 2 * k))
-        cand, self._sumsq = accumulate_above(acc, flat, bound, self.scratch)
-        if cand is None or cand.numel() < k:
+        cand, self._sumsq = accumulate_above(acc, flat, bound, self.scratch, expect=5 * k // 2)
+        cvals = self.scratch.values
+        if cand is None or cvals is None or cand.numel() < k:
             idx, thr = top_k(acc, k, self.scratch)
-            return acc, idx, thr
-        top = torch.topk(acc[cand].abs(), k, sorted=False)
-        return acc, cand[top.indices].sort().values, float(top.values.min())
+            return acc, idx, acc.index_select(0, idx), thr
+        top = torch.topk(cvals.abs(), k, sorted=False)
+        pick = top.indices.sort().values  # candidates are sorted: so are the picked ones
+        return acc, cand[pick], cvals[pick], float(top.values.min())
 
     def _gather_sum(self, flat: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
         """``flat`` (zeroed) += every rank's (idx, vals); counts may differ (padded all-gather)."""
@@ -61,10 +74,10 @@ class _Sparse:
         pv[: idx.numel()] = vals
         all_i, all_v = self.comm.all_gather(pi, "indices"), self.comm.all_gather(pv, "values")
         for c, gi, gv in zip(counts, all_i, all_v, strict=True):
-            flat.index_add_(0, gi[:c].long(), gv[:c])
+            add_at(flat, gi[:c], gv[:c])
 
     def _finish(self, stats: ReductionStats, acc: torch.Tensor, sent: torch.Tensor, thr: float) -> ReductionStats:
-        zeroed = acc[sent].double()
+        zeroed = acc.index_select(0, sent).double()
         acc.index_fill_(0, sent, 0)
         self.residual = acc
         stats.density = sent.numel() / acc.numel()
@@ -83,8 +96,8 @@ class TopkA(_Sparse):
     def reduce(self, flat: torch.Tensor) -> ReductionStats:
         stats = self.comm.begin(flat.numel(), flat.device)
         k = k_of(flat.numel(), self.density)
-        acc, idx, thr = self._acc_top_k(flat, k)
-        self._gather_sum(flat, idx, acc[idx])
+        acc, idx, vals, thr = self._acc_top_k(flat, k)
+        self._gather_sum(flat, idx, vals)
         return self._finish(stats, acc, idx, thr)
 
 
@@ -99,20 +112,21 @@ class Gaussiank(_Sparse):
         acc = self._acc(flat)
         n = flat.numel()
         k = k_of(n, self.density)
-        thr = gaussian_threshold(acc, self.density) if k < n else 0.0
+        # the fit's mean and variance from the adding pass's sum and sum of squares (no pass of its own)
+        thr = gaussian_threshold_of(n, self.scratch.total, self._sumsq, self.density) if k < n else 0.0
         # one pass at the lowest threshold the search can reach (20 divisions by 1.02, and a
         # margin for rounding); every step then counts within those entries
         pool = self.scratch.above(acc, thr / 1.02**21, limit=n // (2 * Scratch.BLOCK)) if thr > 0 else None
         if pool is None:
             pool = torch.arange(n, device=acc.device)
-        mags = acc[pool].abs()
+        mags = acc.index_select(0, pool).abs()
         for _ in range(20):
             count = int(torch.count_nonzero(mags >= thr)) if thr > 0 else int(torch.count_nonzero(mags))
             if thr <= 0 or 3 * k / 4 <= count <= 5 * k / 4:
                 break
             thr = thr / 1.02 if count < 3 * k / 4 else thr * 1.02
         idx = pool[mags >= thr] if thr > 0 else pool[mags > 0]
-        self._gather_sum(flat, idx, acc[idx])
+        self._gather_sum(flat, idx, acc.index_select(0, idx))
         return self._finish(stats, acc, idx, thr)
 
 
@@ -127,8 +141,8 @@ class GTopk(_Sparse):
         stats = self.comm.begin(flat.numel(), flat.device)
         n = flat.numel()
         k = k_of(n, self.density)
-        acc, local, thr = self._acc_top_k(flat, k)
-        idx, vals = local, acc[local]
+        acc, local, vals, thr = self._acc_top_k(flat, k)
+        idx = local
         p, r = self.comm.size, self.comm.rank
         itype = index_dtype(n)
         step = 1
@@ -151,7 +165,7 @@ class GTopk(_Sparse):
                 uniq, summed = uniq[top], summed[top]
             idx, vals = uniq, summed
             step *= 2
-        flat.index_copy_(0, idx, vals)  # flat was zeroed by _acc_top_k
+        put_at(flat, idx, vals)  # flat was zeroed by _acc_top_k
         # residual: local entries that did not survive the tree stay (both index lists sorted: a
         # binary search instead of an n-entry mask)
         pos = torch.searchsorted(idx, local).clamp_(max=max(idx.numel() - 1, 0))
