@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,13 @@ import torch
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
-from paratrain.runtime.compress.momentum import MomentumCorrection, clip_local_, density_at, live_entries
+from paratrain.runtime.compress.momentum import (
+    MomentumCorrection,
+    ResidualLrScaling,
+    clip_local_,
+    density_at,
+    live_entries,
+)
 from paratrain.runtime.config import TrainConfig, check_compression
 
 HERE = Path(__file__).parent
@@ -95,6 +102,59 @@ def test_density_ramp_is_geometric_from_a_quarter() -> None:
     assert density_at(10, 0.01, 10) == density_at(50, 0.01, 10) == 0.01
     assert density_at(0, 0.5, 10) == 0.5  # a target above the first stage is used from the start
     assert density_at(3, 0.01, 0) == 0.01
+
+
+def _executors(comp: LocalTopk) -> list[Any]:
+    """The two places an executor holds its reductions: data parallelism's one, a pipeline's per chunk."""
+    return [SimpleNamespace(grad_sync=SimpleNamespace(reducer=SimpleNamespace(compressor=comp))),
+            SimpleNamespace(reducers=[SimpleNamespace(compressor=comp)])]
+
+
+def test_residuals_are_found_where_the_executors_keep_them() -> None:
+    """residuals_of reads the pipeline's public ``reducers`` and the sparse gradient sync's
+    ``reducer``: were either renamed, the rescaling would silently stop applying."""
+    import inspect
+
+    from paratrain.runtime.compress.sync import CompressedGradSync
+    from paratrain.runtime.pipeline import PipelineExecutor
+
+    assert isinstance(inspect.getattr_static(PipelineExecutor, "reducers"), property)
+    assert "self.reducer = " in inspect.getsource(CompressedGradSync.__init__)
+
+
+def test_lr_weighted_residual_by_hand() -> None:
+    """k = 1, lr 0.5 then 1. Step 0: g = (2, 1), entry 0 sent: applied 0.5·2 = 1; residual (0, 1).
+    Step 1: the residual becomes (0, 0.5·1/1) = (0, 0.5); g = (0, 0.25), entry 1 sent (0.75): applied
+    1·0.75 = 0.5·1 + 1·0.25, what dense SGD applied to that entry; raw units would apply 1.25."""
+    for executor in _executors(comp := LocalTopk(1)):
+        comp.residual, scaling, applied = None, ResidualLrScaling(), []
+        for lr, g in ((0.5, [2.0, 1.0]), (1.0, [0.0, 0.25])):
+            scaling.before_step(executor, lr)
+            flat = torch.tensor(g, dtype=torch.float64)
+            comp.reduce(flat)
+            applied.append((lr * flat).tolist())
+        assert applied == [[1.0, 0.0], [0.0, 0.75]]
+
+
+def test_lr_weighted_residual_keeps_every_lr_weighted_gradient() -> None:
+    """Closed form: after any steps, what was applied plus the residual at the last step's lr is
+    Σ lr_j·g_j entry by entry (nothing lost or amplified), under warm-up and cosine decay alike.
+    A step at lr 0 (a cosine decay to 0 ends there) rescales nothing."""
+    torch.manual_seed(1)
+    lrs = [0.01, 0.04, 0.1, 0.1, 0.07, 0.03, 0.01]
+    grads = [torch.randn(50, dtype=torch.float64) for _ in lrs]
+    comp, scaling = LocalTopk(5), ResidualLrScaling()
+    executor = _executors(comp)[0]
+    applied = torch.zeros(50, dtype=torch.float64)
+    for lr, g in zip(lrs, grads, strict=True):
+        scaling.before_step(executor, lr)
+        flat = g.clone()
+        comp.reduce(flat)
+        applied += lr * flat
+    want = sum(lr * g for lr, g in zip(lrs, grads, strict=True))
+    torch.testing.assert_close(applied + 0.01 * comp.residual, want, rtol=1e-12, atol=1e-15)
+    assert ResidualLrScaling.factor(None, 0.1) == ResidualLrScaling.factor(0.1, 0.1) == 1.0
+    assert ResidualLrScaling.factor(0.1, 0.0) == 1.0 and ResidualLrScaling.factor(0.1, 0.05) == 2.0
 
 
 def test_local_clipping_uses_the_ranks_share_of_the_threshold() -> None:

@@ -148,6 +148,11 @@ def train(
     compress_density_warmup: Annotated[int, typer.Option(
         "--compress-density-warmup", help="DGC's warm-up: compressed steps over which the density falls "
         "exponentially from 25 % to --density (0: none).", rich_help_panel=_P)] = 0,
+    compress_lr_weighted_residual: Annotated[bool, typer.Option(
+        "--compress-lr-weighted-residual/--no-compress-lr-weighted-residual",
+        help="Keep the sparse compressors' residuals in units of the update: rescaled by lr_prev/lr each "
+             "step, so an entry sent late applies the learning rates it was produced at.",
+        rich_help_panel=_P)] = True,
     dp_impl: Annotated[str | None, typer.Option("--dp-impl", help="Gradient reduction: paratrain (bucketed, "
                        "overlapped), ddp (torch DDP), fsdp (FSDP2; default with --optimizer-sharding).",
                        rich_help_panel=_P)] = None,
@@ -272,6 +277,7 @@ def train(
                        save_final=save_final, prefetch_receives=prefetch_receives, compress_warmup=compress_warmup,
                        compress_momentum_masking=compress_momentum_masking,
                        compress_density_warmup=compress_density_warmup,
+                       compress_lr_weighted_residual=compress_lr_weighted_residual,
                        timeout_s=timeout, log_every=log_every, progress=progress, task=task,
                        loader_workers=loader_workers, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, resume=resume,

@@ -62,6 +62,10 @@ class TrainConfig:
     compress_momentum_correction: bool = False
     compress_momentum_masking: bool = True
     compress_density_warmup: int = 0
+    # error feedback in units of the update (compress/momentum.py, ResidualLrScaling): each step
+    # rescales the sparse compressors' residuals by lr_prev / lr, so an entry sent late is applied
+    # at the learning rates of the steps that produced it, not at the current one
+    compress_lr_weighted_residual: bool = True
     task: str = "gpt"
     loader_workers: int = 0  # DataLoader worker processes of the image task (0: in the training process)
     # checkpointing (runtime/checkpoint, CheckFreq): where, how often ('auto', 'N' steps, 'Ns'

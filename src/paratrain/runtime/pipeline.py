@@ -265,6 +265,12 @@ class PipelineExecutor:
         self._compressed: list[LocalChunk] = []
         self.compression_stats: list[Any] = []
 
+    @property
+    def reducers(self) -> list[Any]:
+        """The compressed gradient reductions made so far, one per local chunk copy (their
+        residuals are rescaled with the learning rate: compress/momentum.py)."""
+        return list(self._reducers.values())
+
     # ----- one step --------------------------------------------------------------------------------
     def run(self, step: int) -> StepOutput:
         """Forward, backward, reductions and optimizer steps of ``step``; the local mean loss where

@@ -41,7 +41,7 @@ from paratrain.trace import write_trace
 from . import faults
 from .comm import layer as comm
 from .comm.table import load_table
-from .compress.momentum import dgc_settings
+from .compress.momentum import ResidualLrScaling, dgc_settings
 from .compress.sync import compression_metrics
 from .config import (
     DP_IMPLS,
@@ -183,6 +183,9 @@ class Trainer:
             if isinstance(self.optimizer, KfacOptimizer):
                 self.executor.use_kfac(self.optimizer.kfac, filled)
         self.params = self.optimizer.params
+        # sparse compressors' error feedback in units of the update (compress/momentum.py)
+        self.lr_scaling = ResidualLrScaling() if (train.compress_lr_weighted_residual and self.config.compression
+                                                  not in ("none", "powersgd")) else None
         # the byte corpus, or tokenized text (runtime/data/tokenized.py); the eval data alike
         self.data, eval_source = run_data_sources(
             spec, train.data, train.eval_data, train.tokenizer, seed=train.seed, global_batch=self.config.global_batch,
@@ -237,6 +240,8 @@ class Trainer:
         """One optimizer step; returns its metrics row (the same loss on every rank)."""
         self.tracer.step = step
         lr = self.optimizer.set_step(step)
+        if self.lr_scaling is not None:
+            self.lr_scaling.before_step(self.executor, lr)
         start = time.perf_counter()
         out = self.executor.run(step)
         grad_norm = out.grad_norm

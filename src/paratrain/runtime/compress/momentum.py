@@ -21,20 +21,33 @@ decays. DGC moves the momentum before the compression, onto each rank:
 - **Warm-up** (:func:`density_at`): density starts at 25 % on the first compressed step and
   falls exponentially to the target (the paper: 75 % → 93.75 % → … → 99.9 % sparsity over the
   first epochs).
+
+Apart from DGC, for every sparse compressor (:class:`ResidualLrScaling`, on by default): error
+feedback in units of the update. The optimizer multiplies what arrives by the current learning
+rate, so a residual of raw gradients sends ``lr_t · Σ g_j`` for the steps ``j`` an entry waited,
+where dense SGD applied ``Σ lr_j · g_j``: under warm-up (lr rising 30× over the first steps) early
+gradients land amplified, under cosine decay late ones shrunk, and the run's last residuals are
+never applied. The error-feedback analyses keep ``lr · g`` in the memory instead (Stich,
+Cordonnier & Jaggi, NeurIPS'18, "Sparsified SGD with memory": ``m + η_t g_t``; Karimireddy et al.,
+ICML'19, EF-SGD: ``p_t = γ g_t + e_t``). Here the residuals are rescaled by ``lr_{t-1} / lr_t``
+before step ``t``'s reduction, which is the same and keeps them (and the reused thresholds) in the
+current step's gradient units: entry × ``lr_t`` = ``Σ lr_j · g_j``. Under a constant learning
+rate it changes nothing.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-__all__ = ["DgcSettings", "MomentumCorrection", "density_at", "clip_local_", "live_entries", "dgc_settings"]
+__all__ = ["DgcSettings", "MomentumCorrection", "density_at", "clip_local_", "live_entries", "dgc_settings",
+           "ResidualLrScaling", "residuals_of"]
 
 DGC_START_DENSITY = 0.25  # the paper's first warm-up stage (75 % sparsity)
 
@@ -116,3 +129,36 @@ def dgc_settings(train: TrainConfig) -> DgcSettings | None:
     return DgcSettings(momentum=SGD_MOMENTUM if train.compress_momentum_correction else 0.0,
                        masking=train.compress_momentum_masking, clip=train.grad_clip,
                        density_warmup=train.compress_density_warmup)
+
+
+def residuals_of(executor: Any) -> list[torch.Tensor]:
+    """The error-feedback residuals of an executor's compressed reductions: the data-parallel
+    reduction's (one flat view) or the pipeline's (one per local chunk); those not made yet (dense
+    warm-up, no compression) and PowerSGD's (inside torch's hook state) are not listed."""
+    sync = getattr(executor, "grad_sync", None)
+    reducers = [sync.reducer] if hasattr(sync, "reducer") else list(getattr(executor, "reducers", []))
+    found = (getattr(r.compressor, "residual", None) for r in reducers)
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+class ResidualLrScaling:
+    """Keeps error feedback in units of the update under a varying learning rate (module
+    docstring): ``before_step(executor, lr)`` multiplies every residual by ``lr_prev / lr``."""
+
+    def __init__(self) -> None:
+        self.prev: float | None = None
+
+    @staticmethod
+    def factor(prev: float | None, lr: float) -> float:
+        """The residual's factor before a step at ``lr`` after one at ``prev`` (1: nothing to do; a
+        step at lr 0 applies nothing, so the residual waits in the last nonzero step's units)."""
+        return 1.0 if prev is None or lr <= 0 or prev == lr else prev / lr
+
+    def before_step(self, executor: Any, lr: float) -> None:
+        f = self.factor(self.prev, lr)
+        if f != 1.0:
+            with torch.no_grad():
+                for r in residuals_of(executor):
+                    r.mul_(f)
+        if lr > 0:
+            self.prev = lr
