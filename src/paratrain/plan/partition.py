@@ -165,23 +165,56 @@ def partition_dp(
 def _greedy(
     sums: _Sums, n_layers: int, stages: int, bound_s: float, budget: list[float], held: list[float]
 ) -> list[int] | None:
-    """Stage ends when each stage takes as many layers as ``bound_s`` and its budget allow."""
-    bounds = [0]
-    i = 0
+    """Stage ends of a split whose every stage takes at most ``bound_s`` and fits its budget, or
+    ``None`` when there is none.
+
+    Exact, not greedy: a stage's memory depends on its index (stage s holds ``held[s]``
+    micro-batches), so the longest first stages can push a layer with large activations into a
+    stage that holds too many of them while a shorter first stage would have fitted (hypothesis
+    found one: six unit layers, five stages, the third layer's activations 2.5 with budget 8).
+    For a start ``i`` the ends a stage may take are ``i + 1 .. last(i)`` (time and memory only
+    grow with the end), so the positions reachable after each stage are a union of ranges, swept
+    in O(n) per stage with a difference array; the split is read back through the stages."""
+    inf = math.inf
+    reach = [False] * (n_layers + 1)
+    reach[0] = True
+    lasts: list[list[int]] = []  # per stage: last allowed end for each start (-1: not a start)
+    reached: list[list[bool]] = [reach]
     for s in range(stages):
-        last_allowed = n_layers - (stages - 1 - s)  # leave one layer for every later stage
-        if i >= last_allowed:
-            return None
-        # Longest j with time(i, j) <= bound: prefix sums are non-decreasing.
-        j = bisect.bisect_right(sums.t, sums.t[i] + bound_s * (1 + 1e-12), lo=i + 1) - 1
-        j = min(j, last_allowed)
-        while j > i and sums.memory(i, j, held[s]) > budget[s]:
-            j -= 1
-        if j <= i:
-            return None
-        bounds.append(j)
-        i = j
-    return bounds if i == n_layers else None
+        # memory(i, j) = c[j] - c[i] with c = w + held[s] * a, non-decreasing in j
+        c = [sums.w[j] + held[s] * sums.a[j] for j in range(n_layers + 1)]
+        last = [-1] * (n_layers + 1)
+        diff = [0] * (n_layers + 2)
+        for i in range(n_layers):
+            if not reach[i]:
+                continue
+            j_time = bisect.bisect_right(sums.t, sums.t[i] + bound_s * (1 + 1e-12), lo=i + 1) - 1
+            j_mem = n_layers if budget[s] == inf else bisect.bisect_right(c, c[i] + budget[s], lo=i + 1) - 1
+            j = min(j_time, j_mem, n_layers - (stages - 1 - s))  # one layer left for each later stage
+            while j > i and sums.memory(i, j, held[s]) > budget[s]:  # c's rounding may differ by an ulp
+                j -= 1
+            if j <= i:
+                continue
+            last[i] = j
+            diff[i + 1] += 1
+            diff[j + 1] -= 1
+        nxt, run = [False] * (n_layers + 1), 0
+        for j in range(n_layers + 1):
+            run += diff[j]
+            nxt[j] = run > 0
+        lasts.append(last)
+        reached.append(nxt)
+        reach = nxt
+    if not reach[n_layers]:
+        return None
+    bounds = [n_layers]
+    for s in range(stages - 1, -1, -1):
+        j, last, before = bounds[-1], lasts[s], reached[s]
+        # the latest reachable start that may end at j: shorter later stages, longer early ones
+        i = next(i for i in range(j - 1, -1, -1) if before[i] and last[i] >= j)
+        bounds.append(i)
+    bounds.reverse()
+    return bounds
 
 
 def partition_fast(
