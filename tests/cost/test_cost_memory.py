@@ -94,9 +94,12 @@ def test_generalizations_gqa_swiglu_no_dropout_fp32() -> None:
 
 def test_mixed_precision_adam_is_16_bytes_per_param() -> None:
     p = 1_000_003
-    mem = static_memory(p, "bf16")
+    mem = static_memory(p, "fp16")
     assert (mem.weight_bytes, mem.grad_bytes, mem.optimizer_bytes) == (2 * p, 2 * p, 12 * p)
     assert mem.total_bytes == 16 * p
+    # bf16 accumulates its gradients in fp32: 18 B (Megatron-Core's distributed-optimizer table)
+    mem = static_memory(p, "bf16")
+    assert (mem.weight_bytes, mem.grad_bytes, mem.optimizer_bytes) == (2 * p, 4 * p, 12 * p)
     fp32 = static_memory(p, "fp32")
     assert fp32.total_bytes == 16 * p and fp32.optimizer_bytes == 8 * p
 
@@ -105,7 +108,7 @@ def test_mixed_precision_adam_is_16_bytes_per_param() -> None:
 def test_zero1_shards_optimizer_state(dp: int) -> None:
     p = 175_000_000
     sharded = static_memory(p, "bf16", dp=dp, optimizer_sharding=True)
-    assert sharded.weight_bytes == 2 * p and sharded.grad_bytes == 2 * p
+    assert sharded.weight_bytes == 2 * p and sharded.grad_bytes == 4 * p  # fp32 gradients, not sharded
     assert sharded.optimizer_bytes == -(-12 * p // dp)
     assert optimizer_bytes(p, "bf16", dp=dp) == 12 * p  # not sharded unless asked
 

@@ -41,7 +41,7 @@ def test_one_chunk_equals_the_sum_of_its_operators(attention: str) -> None:
     assert c.model_flops == pytest.approx(matmul_flops_per_iteration(GPT, 2), rel=1e-12)
     assert c.weight_bytes == 2 * GPT.param_count()
     mem = static_memory(GPT.param_count(), "bf16")
-    assert c.static_bytes == mem.total_bytes == 16 * GPT.param_count()
+    assert c.static_bytes == mem.total_bytes == 18 * GPT.param_count()  # fp32 gradients of a bf16 model
 
 
 @pytest.mark.parametrize("pp, v", [(4, 1), (3, 1), (2, 2), (8, 5)])
@@ -81,7 +81,7 @@ def test_optimizer_sharding_and_reduce_bytes(dp: int) -> None:
     (c,) = chunk_costs(GPT, resolve_cluster("dgx-a100", nodes=8), cfg)
     p = GPT.param_count()
     assert c.optimizer_bytes == -(-12 * p // dp)
-    assert c.grad_reduce_bytes == c.grad_bytes == 2 * p
+    assert c.grad_reduce_bytes == 2 * p and c.grad_bytes == 4 * p  # bf16 gradients kept in fp32
 
 
 @pytest.mark.parametrize("sp", [False, True])

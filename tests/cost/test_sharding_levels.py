@@ -84,10 +84,11 @@ def test_memory_per_level_in_closed_form(dp: int) -> None:
     def shard(n: int) -> int:
         return -(-n // dp)
 
-    assert (none.weight_bytes, none.grad_bytes, none.optimizer_bytes) == (2 * psi, 2 * psi, 12 * psi)
-    assert (z1.weight_bytes, z1.grad_bytes, z1.optimizer_bytes) == (2 * psi, 2 * psi, shard(12 * psi))
+    # Megatron's buffer keeps bf16 models' gradients in fp32 (cost.memory.grad_dtype_bytes)
+    assert (none.weight_bytes, none.grad_bytes, none.optimizer_bytes) == (2 * psi, 4 * psi, 12 * psi)
+    assert (z1.weight_bytes, z1.grad_bytes, z1.optimizer_bytes) == (2 * psi, 4 * psi, shard(12 * psi))
     for z in (z2, z3):
-        assert (z.weight_bytes, z.grad_bytes, z.optimizer_bytes) == (shard(2 * psi), shard(2 * psi), shard(12 * psi))
+        assert (z.weight_bytes, z.grad_bytes, z.optimizer_bytes) == (shard(2 * psi), shard(4 * psi), shard(12 * psi))
     unit = 2 * _unit_params()
     # zero2: the whole model gathered for the step, and one unit's unsharded gradient
     assert z2.transient_bytes - none.transient_bytes == 2 * psi + unit
@@ -172,7 +173,8 @@ def test_fsdp_repeats_every_microbatch() -> None:
 
     g2, g4, g8 = gap(2), gap(4), gap(8)
     assert g8 - g4 == pytest.approx(2 * (g4 - g2), rel=1e-6)
-    assert g4 > g2 > 0
+    # grows per micro-batch; at 2 the unsharded step's fp32 gradient pass can outweigh it
+    assert g8 > g4 > g2 and g8 > 0
 
 
 # ----- the planner ---------------------------------------------------------------------------

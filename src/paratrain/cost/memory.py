@@ -2,8 +2,13 @@
 
 Static memory follows mixed-precision Adam (Micikevicius et al. 2018; Rajbhandari et al. 2020,
 "ZeRO", sec. 3.1): 16-bit weights (2 B/param) and gradients (2 B), plus an fp32 master copy and
-two fp32 moments (12 B) — 16 B per parameter. Training in fp32 keeps no master copy (4 + 4 + 8).
-ZeRO stage 1 shards the optimizer state over the data-parallel ranks.
+two fp32 moments (12 B) — 16 B per parameter. Training in bf16, the gradients are accumulated and
+reduced in an fp32 buffer (4 B): Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` with
+``--bf16``, and Megatron-Core's distributed-optimizer guide counts "bf16 parameters, fp32
+gradients" at 18 B per parameter, ``6 + 12/d`` with the optimizer state sharded over ``d`` ranks
+(docs.nvidia.com/megatron-core, "Distributed Optimizer", the bytes-per-parameter table); fp16
+keeps 16-bit gradients. Training in fp32 keeps no master copy (4 + 4 + 8). ZeRO stage 1 shards
+the optimizer state over the data-parallel ranks.
 
 Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", sec. 4: per layer, ``s·b·h·(34 + 5·a·s/h)`` bytes with 16-bit activations and
@@ -37,6 +42,7 @@ __all__ = [
     "static_memory",
     "weight_bytes",
     "grad_bytes",
+    "grad_dtype_bytes",
     "optimizer_bytes",
     "activation_terms",
     "activation_bytes_per_layer",
@@ -51,9 +57,15 @@ def weight_bytes(params: int, dtype: str) -> int:
     return params * dtype_bytes(dtype)
 
 
+def grad_dtype_bytes(dtype: str) -> int:
+    """Bytes per element of the gradient buffer: fp32 main gradients when training in bf16, the
+    training dtype otherwise (module docstring: Megatron-Core's distributed-optimizer table)."""
+    return _FP32 if dtype == "bf16" else dtype_bytes(dtype)
+
+
 def grad_bytes(params: int, dtype: str) -> int:
-    """Bytes of the gradients, kept in the training dtype."""
-    return params * dtype_bytes(dtype)
+    """Bytes of the gradient buffer (:func:`grad_dtype_bytes` per parameter)."""
+    return params * grad_dtype_bytes(dtype)
 
 
 def optimizer_bytes(params: int, dtype: str, *, dp: int = 1, sharded: bool = False) -> int:

@@ -27,7 +27,7 @@ from paratrain.cost.compute import (
 )
 from paratrain.cost.context_parallel import kv_block_bytes, local_model, ring_exposed_s, ring_neighbours
 from paratrain.cost.dp_reduction import default_overlap_slowdown
-from paratrain.cost.memory import activation_bytes_per_layer, optimizer_bytes
+from paratrain.cost.memory import activation_bytes_per_layer, grad_dtype_bytes, optimizer_bytes
 from paratrain.cost.sharding import (
     ShardedUnit,
     fsdp_phases_s,
@@ -426,7 +426,11 @@ def chunk_costs(
             flops += head.matmul_flops
             params += bd.head_params_shared if first else bd.head_params_apart
         grads = params * e
-        w, g, o = static_shares(level, grads, grads, params * bd.optimizer_bytes_per_param, dp)
+        # A bf16 model's gradients are kept in fp32 (cost.memory.grad_dtype_bytes): Megatron's
+        # buffer holds them all (none, zero1), ZeRO-2/3 their shard (DeepSpeed's bf16 optimizer
+        # keeps fp32 gradient partitions).
+        w, g, o = static_shares(level, grads, params * grad_dtype_bytes(config.dtype),
+                                params * bd.optimizer_bytes_per_param, dp)
         gathered = 0
         fsdp_f = fsdp_b = 0.0
         if fsdp:

@@ -125,6 +125,9 @@ class PipelineInputs:
     overlap_grad_reduce: bool = True
     extra_static_bytes: tuple[float, ...] = ()  # per rank, e.g. Chimera's second replica
     step_wait_s: float = 0.0  # the step's wait for the slowest rank (cost.dp_reduction.skew_s)
+    # Transfers of a rank that receives from both neighbours at once through one link (the
+    # interleaved schedule's steady-state exchange across nodes) share it: 2 (cost.link_sharing).
+    p2p_sharing: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,8 +174,11 @@ def inflight_per_chunk(config: ParallelConfig) -> list[float]:
     return [float(min(p - r, m)) for r in range(p)]
 
 
-def pipeline_time_s(config: ParallelConfig, stats: RankStats, p2p_s: float) -> float:
-    """First forward to last backward of one iteration, by the schedule's closed form."""
+def pipeline_time_s(config: ParallelConfig, stats: RankStats, p2p_s: float, p2p_sharing: int = 1) -> float:
+    """First forward to last backward of one iteration, by the schedule's closed form.
+
+    ``p2p_sharing``: how many transfers of the interleaved schedule's steady-state exchange share
+    a rank's link (:class:`PipelineInputs`); the fill and drain move one at a time."""
     p, v, m = config.pp, config.virtual_stages, config.num_microbatches
     c = p2p_s if p > 1 else 0.0
     sched = config.schedule
@@ -192,7 +198,8 @@ def pipeline_time_s(config: ParallelConfig, stats: RankStats, p2p_s: float) -> f
         # As in 1F1B, a micro-batch's round trip through all chunks, shared by the ~I/v
         # micro-batches in flight, bounds the steady-state period per micro-batch.
         inflight = (v - 1) * p + 2 * (p - 1) + 1
-        period = max(big_p + c, (total + 2 * (n - 1) * c) * v / inflight)
+        cs = c * p2p_sharing  # the steady state's exchanges: both neighbours at once
+        period = max(big_p + cs, (total + 2 * (n - 1) * cs) * v / inflight)
         return m * period + fill
     if sched is ScheduleName.ZB_H1:
         fill = max(0.0, max(f + b - 2 * w for f, b, w in zip(fwd, bwd, stats.wgt, strict=True)))
@@ -234,7 +241,7 @@ def estimate(config: ParallelConfig, inputs: PipelineInputs) -> Estimate:
     st = inputs.stats
     p, v, m = config.pp, config.virtual_stages, config.num_microbatches
     c = inputs.p2p_s if p > 1 else 0.0
-    t_pipe = pipeline_time_s(config, st, c)
+    t_pipe = pipeline_time_s(config, st, c, inputs.p2p_sharing)
 
     # Gradient reduction: each rank's communication stream reduces its chunks in the order they
     # finish; with overlap, only what outlasts the pipeline is exposed.

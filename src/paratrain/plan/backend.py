@@ -143,11 +143,16 @@ def pipeline_inputs(
     p, v = config.pp, config.virtual_stages
     n = p * v
     p2p = 0.0
+    sharing = 1
     if p > 1:
         # The slowest neighbour pair sets the pace: a pair on two nodes whenever there is one.
         pairs = [(config.rank_of(pp=s), config.rank_of(pp=s + 1)) for s in range(min(p - 1, 2))]
         pairs.sort(key=lambda pr: cluster.node_of(pr[0]) == cluster.node_of(pr[1]))
         p2p = _collective(backend, cluster, "p2p", chunks[0].p2p_bytes, pairs[0])
+        # The interleaved steady state receives from both neighbours in one batch: through the
+        # GPU's one NIC when both are on other nodes (cost.link_sharing, as the simulator shares it).
+        if all(cluster.node_of(a) != cluster.node_of(b) for a, b in pairs):
+            sharing = 2
     group = dp_group(config, 0)
     if config.schedule is ScheduleName.CHIMERA and p > 1:
         # The two replicas' copies of a stage live on ranks r and p-1-r: their data-parallel
@@ -195,4 +200,5 @@ def pipeline_inputs(
         overlap_grad_reduce=overlap_grad_reduce,
         extra_static_bytes=extra,
         step_wait_s=wait,
+        p2p_sharing=sharing,
     )

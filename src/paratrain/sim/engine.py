@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from paratrain.cost.link_sharing import share_by_link
 from paratrain.errors import ConfigError
 from paratrain.schedule.compiled import STEP_COMPUTE, STEP_P2P, STEP_REDUCE, STEP_STEP, Compiled
 from paratrain.schedule.ir import Action, ActionKind, Schedule
@@ -83,6 +84,10 @@ class Timing:
     core_sharing: CoreSharing | None = None
     forward_wait_s: tuple[float, ...] = ()
     backward_wait_s: tuple[float, ...] = ()
+    # ``p2p_link(rank, peer)``: the link of ``rank`` a transfer to or from pipeline rank ``peer``
+    # uses; the receives (and the sends) of one p2p batch on the same link share its bandwidth
+    # (paratrain.cost.link_sharing). None: every transfer has its link alone.
+    p2p_link: Callable[[int, int], object] | None = None
 
 
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
@@ -191,7 +196,7 @@ def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tu
     }
     ends_batch = (K.BACKWARD, K.BACKWARD_WEIGHT)
     sends = (K.SEND_ACT, K.SEND_GRAD)
-    p2p_s, action_s, partner = timing.p2p_s, timing.action_s, comp.partner
+    p2p_s, action_s, partner, link = timing.p2p_s, timing.action_s, comp.partner, timing.p2p_link
     program: list[list[tuple]] = []
     for r, row in enumerate(schedule.actions):
         o = comp.offsets[r]
@@ -213,6 +218,8 @@ def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tu
                     else:  # timed like its send: from the peer's chunk (c-1 for an activation, c+1 for a gradient)
                         c = b.chunk - 1 if b.kind is K.RECV_ACT else b.chunk + 1
                         ops.append((o + h, partner[o + h], p2p_s(b.peer, r, c), False))
+                if link is not None and len(ops) > 1:
+                    ops = _share_links(ops, [link(r, row[h].peer) for h in range(i, j)])
                 out.append((_P2P, tuple(ops), o + i, 0))
             elif kind == STEP_REDUCE:
                 out.append((_REDUCE, timing.reduce_s[a.chunk], o + i, 0))
@@ -225,6 +232,14 @@ def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tu
                 out.append((_COMPUTE, a.duration_s or 0.0, o + i, -1))
         program.append(out)
     return program
+
+
+def _share_links(ops: list[tuple], links: list[object]) -> list[tuple]:
+    """A p2p batch's operations with the times of the sends, and of the receives, that use the same
+    link of the rank stretched by :func:`paratrain.cost.link_sharing.share_by_link`."""
+    keys = [(op[3], k) for op, k in zip(ops, links, strict=True)]  # (is a send, link): one direction each
+    times = share_by_link([op[2] for op in ops], keys)
+    return [(h, ph, x, snd) for (h, ph, _, snd), x in zip(ops, times, strict=True)]
 
 
 class _Execution:

@@ -302,6 +302,12 @@ def timing_for_config(
             t = memo[key] = collective_time("p2p", costs[c].p2p_bytes, (grank(src), grank(dst)), cluster).time_s
         return t
 
+    def p2p_link(r: int, peer: int) -> object:
+        """The GPU's NIC for a transfer to another node (one per GPU on the DGX presets: concurrent
+        ones share it, cost.link_sharing); a transfer inside the node has its peer's link alone."""
+        a, b = grank(r), grank(peer)
+        return "nic" if cluster.node_of(a) != cluster.node_of(b) else ("node", b)
+
     def buckets(cost: ChunkCost) -> int:
         elements = cost.grad_reduce_bytes / dtype_bytes(config.dtype)
         return num_buckets(elements, megatron_bucket_elements(config.dp * config.cp))
@@ -393,6 +399,7 @@ def timing_for_config(
         else "reduce_scatter+all_gather" if config.optimizer_sharding
         else config.compression if config.compression != "none" else "all_reduce",
         global_rank=grank,
+        p2p_link=p2p_link,
         reduce_groups=tuple(groups),
         tp_groups=tuple(tuple(config.rank_of(pp=r, tp=k) for k in range(config.tp)) for r in range(schedule.stages)),
         step_allreduce_s=None if config.schedule.is_async else norm_s,
