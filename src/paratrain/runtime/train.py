@@ -141,6 +141,7 @@ class Trainer:
             table=load_table(train.comm_table) if train.comm_table is not None else None,
             default_backend=ctx.backend, device_type=ctx.device.type, timeout_s=train.timeout_s)
         comm.use(self.comm)
+        self.lr_scaling: ResidualLrScaling | None = None  # set below for sparse compressors
         if train.task == "image":  # the CNN on an image folder: its own data, model and executor
             from .data.image_task import setup_image_task
 
