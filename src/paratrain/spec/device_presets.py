@@ -156,24 +156,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         memory_bandwidth_Bps=2400 * GB,
     ),
     # NVIDIA H200 SXM datasheet (2024): same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
-    "h200": DeviceSpec(
-        name="h200",
-        **GPU_MEMORY_RESERVE,
-        **_H100_ATTENTION,
-        peak_fp32_flops=67 * T,
-        peak_tf32_flops=494.7 * T,
-        peak_bf16_flops=989.5 * T,
-        peak_fp16_flops=989.5 * T,
-        peak_fp8_flops=1979 * T,
-        peak_int8_flops=1979 * T,
-        memory_bytes=141 * GB,
-        memory_bandwidth_Bps=4800 * GB,
-        sm_count=132,
-        gemm_tile_m=256,
-        gemm_tile_n=128,
-        gemm_tile_k=64,
-        gemm_efficiency=0.75,
-    ),
+    "h200": dataclasses.replace(_H100_SXM, name="h200", memory_bytes=141 * GB, memory_bandwidth_Bps=4800 * GB),
     # Uncalibrated stand-in for a small x86 server core pair; `paratrain calibrate` replaces it
     # with figures measured on this machine (stored at ~/.cache/paratrain/cpu.json).
     "cpu": DeviceSpec(
