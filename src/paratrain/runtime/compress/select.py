@@ -293,15 +293,16 @@ def gaussian_threshold_of(n: int, total: float, sumsq: float, density: float) ->
     pass gives both): mean, and the unbiased variance ``(sumsq - n mean^2) / (n - 1)``."""
     mean = total / n
     var = max(0.0, sumsq - n * mean * mean) / (n - 1) if n > 1 else 0.0
-    z = float(torch.special.ndtri(torch.tensor(1.0 - density / 2, dtype=torch.float64)))
-    return abs(mean) + var ** 0.5 * z
+    return _gaussian_magnitude(mean, var ** 0.5, density)
 
 
 def gaussian_threshold(values: torch.Tensor, density: float) -> float:
     """Gaussiank's estimate: the magnitude a Gaussian fit of ``values`` exceeds with probability
     ``density`` (two-sided: |mean| + std * Phi^-1(1 - density/2))."""
-    mean = float(values.mean())
-    std = float(values.std()) if values.numel() > 1 else 0.0
+    return _gaussian_magnitude(float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0, density)
+
+
+def _gaussian_magnitude(mean: float, std: float, density: float) -> float:
     z = float(torch.special.ndtri(torch.tensor(1.0 - density / 2, dtype=torch.float64)))
     return abs(mean) + std * z
 
