@@ -60,7 +60,7 @@ def test_fit_recovers_the_times_of_a_known_calibration_and_loso_predicts_each_so
     source is predicted by a fit on the other sources alone."""
     a100 = [s for s in public_samples(TABLE.runs) if s.device == "a100"]
     samples = [s for src in ("torchtitan-a100-2024-04", "mpt-llm-foundry", "flashattention2-paper")
-               for s in [x for x in a100 if x.source == src][1:3]]
+               for s in [x for x in a100 if x.source == src][0:3]]
     start = start_calibration(CLUSTERS["a100"])
     truth = dataclasses.replace(start, gemm_efficiency=0.7, attention_efficiency=0.6, link_efficiency=0.8)
     times = predict_samples(samples, {"a100": truth}, CLUSTERS)
@@ -74,7 +74,10 @@ def test_fit_recovers_the_times_of_a_known_calibration_and_loso_predicts_each_so
     for src, pred in held.items():
         meas = [s.measured_s for s in synthetic if s.source == src]
         # 4 %: with compute slowed beside overlapped collectives (cost.dp_reduction), two sources'
-        # FSDP rows trade the link scale against the GEMM efficiency; FA2's held-out row misses by 3.8 %
+        # FSDP rows trade the link scale against the GEMM efficiency. Three rows a source, so that a
+        # held-out fold fits its five parameters to six rows (two rows a source left four, and the
+        # eager rows' memory-bound kernels then traded the memory efficiency too: FA2 missed by 5 %);
+        # the largest miss is FA2's 2.0 %
         assert pred == pytest.approx(meas, rel=0.04)
 
 

@@ -301,8 +301,8 @@ def run_model(run: PublicRun) -> ModelSpec:
     if run.family == "llama":
         return ModelSpec(**common, norm=Norm.RMSNORM, activation=Activation.SWIGLU, position=Position.ROTARY,
                          tied_embeddings=False, bias=False)
-    if run.family == "mpt":  # ALiBi: no position parameters (modelled as rotary), no dropout
-        return ModelSpec(**common, norm=Norm.LAYERNORM, activation=Activation.GELU, position=Position.ROTARY,
+    if run.family == "mpt":  # ALiBi (no position parameters, no rotary kernels), no dropout
+        return ModelSpec(**common, norm=Norm.LAYERNORM, activation=Activation.GELU, position=Position.ALIBI,
                          tied_embeddings=True, bias=False)
     return ModelSpec(**common)
 
@@ -375,7 +375,7 @@ def predict_step_s(run: PublicRun, cluster: ClusterSpec) -> float:
 
     model, config = run_model(run), run_config(run)
     if config.pp > 1:
-        return _pipeline_step_s(model, cluster, config)
+        return _pipeline_step_s(model, cluster, config, run.fused)
     (whole,) = chunk_costs(model, cluster, config, fused=run.fused)
     less = dataclasses.replace(model, layers=model.layers - 1)
     (fewer,) = chunk_costs(less, cluster, config, fused=run.fused)
@@ -430,14 +430,14 @@ def predict_step_s(run: PublicRun, cluster: ClusterSpec) -> float:
     return step
 
 
-def _pipeline_step_s(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> float:
+def _pipeline_step_s(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, fused: bool) -> float:
     from paratrain.cost.stage import chunk_costs
     from paratrain.schedule.registry import generate
     from paratrain.sim.report import simulate, timing_for_config
 
     schedule = generate(config.schedule.value, stages=config.pp, microbatches=config.num_microbatches,
                         virtual_stages=config.virtual_stages)
-    timing = timing_for_config(schedule, chunk_costs(model, cluster, config), cluster, config)
+    timing = timing_for_config(schedule, chunk_costs(model, cluster, config, fused=fused), cluster, config)
     return simulate(schedule, timing, record=False).iteration_time_s
 
 

@@ -64,6 +64,7 @@ class Activation(str, Enum):
 class Position(str, Enum):
     LEARNED = "learned"
     ROTARY = "rotary"  # no parameters
+    ALIBI = "alibi"  # no parameters, no kernels: a bias inside the attention kernel (MPT; cost model only)
 
     def __str__(self) -> str:
         return self.value
@@ -206,8 +207,8 @@ class ModelSpec:
 
     @property
     def num_positions(self) -> int:
-        """Rows of the learned-position table (0 for rotary)."""
-        if self.position is Position.ROTARY:
+        """Rows of the learned-position table (0 for rotary and ALiBi)."""
+        if self.position is not Position.LEARNED:
             return 0
         return self.max_positions if self.max_positions is not None else self.seq
 

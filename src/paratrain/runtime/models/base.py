@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.errors import ConfigError
 from paratrain.spec.model import ModelSpec, Position
 
 from .layers import rotary_tables
@@ -32,6 +33,9 @@ class TransformerLM(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
+        if spec.position is Position.ALIBI:
+            raise ConfigError("position", "alibi is modelled by the cost model only, the runtime's models have "
+                              "learned or rotary positions", "train with --position rotary or learned")
         if spec.position is Position.ROTARY:
             cos, sin = rotary_tables(spec)
             # Not persistent: a function of the spec, not state to checkpoint or shard.
