@@ -62,39 +62,39 @@ VTRAIN_A100_LINKS = Calibration(
 # and NIC bandwidths, host issue time per kernel; each source weighs the same). How well each source
 # is predicted by the others' fit: ``paratrain validate all --loso``.
 FITTED_A100 = Calibration(
-    gemm_efficiency=0.7184,
-    memory_efficiency=0.7997,
+    gemm_efficiency=0.7364,
+    memory_efficiency=0.7745,
     kernel_overhead_s=_A100.kernel_overhead_s,
-    intra_bandwidth_Bps=2.8165e11,
+    intra_bandwidth_Bps=2.81116e11,
     intra_latency_s=3e-06,
-    link_efficiency=0.9388,
-    host_issue_s=7.377e-05,
-    attention_efficiency=0.7179,
+    link_efficiency=0.9371,
+    host_issue_s=7.387e-05,
+    attention_efficiency=0.7728,
 )
 # SXM H100 80 GB (NeMo, Megatron-Bridge, MPT rows). The fit ends at the bounds of memory efficiency
 # (1.0) and link scale (1.5 × nominal NVLink/NIC): these sources run faster than the model allows at
 # the nominal figures (NVLink SHARP in-switch reductions are not modelled, nor Transformer Engine's
 # fused FP8 casts); read the H100 figures with that in mind.
 FITTED_H100 = Calibration(
-    gemm_efficiency=0.6964,
-    memory_efficiency=1.0,
+    gemm_efficiency=0.6937,
+    memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=6.74994e11,
+    intra_bandwidth_Bps=6.75e11,
     intra_latency_s=3e-06,
-    link_efficiency=1.5,
-    host_issue_s=1.0e-05,
-    attention_efficiency=0.4220,
+    link_efficiency=1.5000,
+    host_issue_s=1e-05,
+    attention_efficiency=0.4283,
 )
 # torchtitan's H100 96 GB HBM2e parts at 500 W (device preset h100-96gb-hbm2e).
 FITTED_H100_HBM2E = Calibration(
-    gemm_efficiency=0.5100,
-    memory_efficiency=1.0,
+    gemm_efficiency=0.5672,
+    memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=4.85132e11,
+    intra_bandwidth_Bps=3.85143e11,
     intra_latency_s=3e-06,
-    link_efficiency=1.0781,
-    host_issue_s=1.0e-05,
-    attention_efficiency=0.4107,
+    link_efficiency=0.8559,
+    host_issue_s=1e-05,
+    attention_efficiency=0.4005,
 )
 
 # What ``--calibration fitted`` applies, by device preset.
