@@ -9,7 +9,7 @@ import sys
 import pytest
 from tests.conftest import assert_one_line_error
 
-from paratrain.cost.compute import elementwise_flops_per_iteration, matmul_flops_per_iteration
+from paratrain.cost.flops import elementwise_flops_per_iteration, matmul_flops_per_iteration
 from paratrain.cost.memory import activation_bytes_per_layer
 from paratrain.spec.model import preset
 

@@ -7,14 +7,16 @@ import dataclasses
 import pytest
 
 from paratrain.cost.compute import (
-    elementwise_flops_per_iteration,
     embedding_ops,
     head_ops,
     layer_ops,
-    matmul_flops_per_iteration,
-    model_flops_per_iteration,
     op_time,
     op_time_split,
+)
+from paratrain.cost.flops import (
+    elementwise_flops_per_iteration,
+    matmul_flops_per_iteration,
+    model_flops_per_iteration,
 )
 from paratrain.errors import ConfigError
 from paratrain.spec.device import resolve_device

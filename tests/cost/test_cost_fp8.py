@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from paratrain.cost.compute import fp8_cast_bytes, layer_ops, op_kernels, op_time_split
+from paratrain.cost.compute import layer_ops, op_kernels, op_time_split
+from paratrain.cost.fp8 import fp8_cast_bytes
 from paratrain.cost.gemm import gemm_efficiency, gemm_k_step, gemm_peak_flops
 from paratrain.cost.stage import chunk_costs
 from paratrain.errors import ConfigError

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from paratrain.cost.compute import model_flops_per_iteration
+from paratrain.cost.flops import model_flops_per_iteration
 from paratrain.cost.report import cost_report
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.cluster import resolve_cluster

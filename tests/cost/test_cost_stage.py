@@ -9,9 +9,9 @@ from paratrain.cost.compute import (
     embedding_ops,
     head_ops,
     layer_ops,
-    matmul_flops_per_iteration,
     op_time_split,
 )
+from paratrain.cost.flops import matmul_flops_per_iteration
 from paratrain.cost.memory import activation_bytes_per_layer, static_memory
 from paratrain.cost.stage import chunk_costs, layer_params_per_rank, tp_ranks
 from paratrain.errors import ConfigError

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from paratrain.cost.compute import model_flops_per_iteration
+from paratrain.cost.flops import model_flops_per_iteration
 from paratrain.cost.types import ChunkCost
 from paratrain.parallel.config import ParallelConfig
 from paratrain.plan.analytic import PipelineInputs, RankStats, estimate, inflight_per_chunk

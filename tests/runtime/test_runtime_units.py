@@ -84,7 +84,7 @@ BERT_SMALL = ModelSpec(arch="bert", layers=2, hidden=64, heads=4, seq=32, vocab=
 def test_runtime_mfu_is_the_cost_models(spec: ModelSpec) -> None:
     """The MFU a training step reports is the simulator's for the same iteration time: one FLOPs
     function (the cost model's), the same denominator (devices x peak)."""
-    from paratrain.cost.compute import model_flops_per_iteration
+    from paratrain.cost.flops import model_flops_per_iteration
     from paratrain.parallel.config import ParallelConfig
     from paratrain.sim.report import simulate_config
     from paratrain.spec.cluster import resolve_cluster

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from paratrain.cost.compute import Op, op_time
+from paratrain.cost.compute import op_time
+from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
 from paratrain.spec.model import Activation, ModelSpec
 

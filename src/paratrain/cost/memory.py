@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from paratrain.cost.compute import _check, dtype_bytes, kv_dim_per_rank, uses_dropout
+from paratrain.cost.compute import _check, dtype_bytes, kv_dim_per_rank
+from paratrain.cost.elementwise import uses_dropout
 from paratrain.errors import require_positive_int
 from paratrain.parallel.config import Recompute
 from paratrain.spec.model import Activation, ModelSpec

@@ -9,19 +9,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from paratrain.cost.compute import (
-    Op,
     dtype_bytes,
-    elementwise_flops_per_iteration,
     embedding_ops,
     head_ops,
     layer_ops,
-    matmul_flops_per_iteration,
-    model_flops_per_iteration,
     op_bound,
     op_time_split,
     resolve_attention,
 )
+from paratrain.cost.flops import (
+    elementwise_flops_per_iteration,
+    matmul_flops_per_iteration,
+    model_flops_per_iteration,
+)
 from paratrain.cost.memory import activation_bytes_per_layer
+from paratrain.cost.op import Op
 from paratrain.cost.stage import chunk_costs, layer_params_per_rank
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.cluster import ClusterSpec

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from paratrain.cost.compute import (
-    Op,
     _embedding_ops,
     _head_ops,
     _layer_ops,
@@ -23,11 +22,12 @@ from paratrain.cost.compute import (
     op_kernels,
     op_time_split,
     resolve_attention,
-    uses_dropout,
 )
 from paratrain.cost.context_parallel import kv_block_bytes, local_model, ring_exposed_s, ring_neighbours
 from paratrain.cost.dp_reduction import default_overlap_slowdown
+from paratrain.cost.elementwise import uses_dropout
 from paratrain.cost.memory import activation_bytes_per_layer, grad_dtype_bytes, optimizer_bytes
+from paratrain.cost.op import Op
 from paratrain.cost.sharding import (
     ShardedUnit,
     fsdp_phases_s,

@@ -2,7 +2,7 @@
 
 The one place these are computed: the planner's closed forms and the simulator's report both
 call :func:`throughput`. MFU follows PaLM (Chowdhery et al. 2022, appendix B): model matmul
-FLOPs per iteration (:func:`paratrain.cost.compute.model_flops_per_iteration`, no
+FLOPs per iteration (:func:`paratrain.cost.flops.model_flops_per_iteration`, no
 recomputation) / (iteration time × GPUs × the device's peak dense FLOP/s for the training
 dtype); HFU puts the recomputed matmuls in the numerator too.
 """

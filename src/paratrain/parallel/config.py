@@ -168,7 +168,7 @@ class ParallelConfig:
     # Input dtype of the transformer layers' linear GEMMs: None = the training dtype; "fp8" = FP8
     # GEMMs with per-tensor current scaling (torchao Float8, Transformer Engine's current scaling),
     # "fp8-delayed" with delayed scaling (Transformer Engine's default); attention, norms, the LM head
-    # and the rest stay in the training dtype (cost.compute: the cast passes).
+    # and the rest stay in the training dtype (cost.fp8: the cast passes).
     gemm_dtype: str | None = None
     # Context parallelism: each of ``cp`` ranks holds 1/cp of every sequence and runs ring attention
     # (cost.context_parallel); parameters are replicated over cp. Planned and simulated, not run.

@@ -78,7 +78,7 @@ class CostBackend:
 def default_backend(*, simulate: bool = True) -> CostBackend:
     """The real cost model and, with ``simulate``, the simulator."""
     from paratrain.cost.collectives import collective_time
-    from paratrain.cost.compute import model_flops_per_iteration
+    from paratrain.cost.flops import model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
 
     simulator: Simulator | None = None

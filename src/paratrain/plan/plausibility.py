@@ -86,7 +86,7 @@ def device_family(cluster: ClusterSpec) -> str | None:
 @lru_cache(maxsize=1)
 def records() -> tuple[MfuRecord, ...]:
     """:data:`PUBLISHED` and the public-runs table's bf16 rows."""
-    from paratrain.cost.compute import model_flops_per_iteration
+    from paratrain.cost.flops import model_flops_per_iteration
     from paratrain.data import DATA_DIR
     from paratrain.plan.publicruns import parse_public_runs, run_model
 

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import torch
 
-from paratrain.cost.compute import model_flops_per_iteration
+from paratrain.cost.flops import model_flops_per_iteration
 from paratrain.fileio import check_output_path
 from paratrain.spec.model import ModelSpec
 from paratrain.trace import TraceEvent, category_of
@@ -40,7 +40,7 @@ def max_memory_bytes(device: torch.device) -> int:
 
 def step_mfu(spec: ModelSpec, global_batch: int, step_s: float, peak_flops: float, devices: int) -> float:
     """Model FLOPs utilization of one step: the cost model's useful matmul FLOPs of the global batch
-    (:func:`paratrain.cost.compute.model_flops_per_iteration`, the simulator's and planner's numerator
+    (:func:`paratrain.cost.flops.model_flops_per_iteration`, the simulator's and planner's numerator
     too) over ``step_s`` × ``devices`` × ``peak_flops`` (per device)."""
     return model_flops_per_iteration(spec, global_batch) / (step_s * devices * peak_flops)
 

@@ -12,7 +12,7 @@ Definitions
 * memory per rank — weights, gradients and optimizer state of every chunk the rank holds (both
   replicas under Chimera), the extra weight versions an asynchronous schedule stashes, and the peak
   activation bytes of in-flight micro-batches (from a forward to the ``B`` or ``W`` that frees it).
-* MFU — model matmul FLOPs per iteration (:func:`paratrain.cost.compute.model_flops_per_iteration`,
+* MFU — model matmul FLOPs per iteration (:func:`paratrain.cost.flops.model_flops_per_iteration`,
   no recomputation) / (iteration time × GPUs × peak dense FLOP/s of the dtype); HFU adds the
   recomputed matmuls.
 """
@@ -426,7 +426,7 @@ def simulate_config(
     :func:`timing_for_config`. Action durations vary with coefficient ``duration_cv`` (default:
     the device's ``duration_cv``; 0 for the GPU presets), averaged over ``samples`` draws (default
     :data:`paratrain.sim.variability.DEFAULT_SAMPLES` when the variation is not 0)."""
-    from paratrain.cost.compute import matmul_flops_per_iteration, model_flops_per_iteration
+    from paratrain.cost.flops import matmul_flops_per_iteration, model_flops_per_iteration
     from paratrain.cost.stage import chunk_costs
     from paratrain.cost.throughput import throughput
     from paratrain.sim.variability import DEFAULT_SAMPLES, simulate_variable
