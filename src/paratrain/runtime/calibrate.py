@@ -217,7 +217,7 @@ def measure_cpu(
     t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 5))
     bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
-    # bytes the cost model counts for it (paratrain.cost.compute: reads + writes of n elements):
+    # bytes the cost model counts for it (paratrain.cost.elementwise: reads + writes of n elements):
     # residual add 3, GeLU (tanh) 2, its backward 3, softmax 2, layer norm 2. Their total bytes over
     # their total time is the rate element-wise kernels sustain, below the copy's: on a CPU,
     # transcendental functions and row reductions run slower than the memory system.

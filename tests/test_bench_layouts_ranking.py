@@ -1,0 +1,40 @@
+"""The layouts bench compares rankings strictly and up to ties within the measured noise.
+
+``bench/bench_layouts.py`` orders two layouts only when every measured step of one was faster than
+every step of the other; these cases are worked out by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parents[1] / "bench" / "bench_layouts.py"
+_SPEC = importlib.util.spec_from_file_location("bench_layouts", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+
+def test_overlapping_step_ranges_are_not_ordered() -> None:
+    # a: 1.0-1.2 and b: 1.1-1.3 overlap; c: 2.0-2.1 is slower than every step of both
+    times = [[1.0, 1.2], [1.1, 1.3], [2.0, 2.1]]
+    assert sorted(bench.ordered_pairs(times)) == [(0, 2), (1, 2)]
+
+
+def test_touching_ranges_count_as_a_tie() -> None:
+    # the slowest step of one equals the fastest of the other: the measurement does not order them
+    assert bench.ordered_pairs([[1.0, 1.5], [1.5, 2.0]]) == []
+
+
+def test_a_swap_inside_the_noise_agrees_up_to_ties_but_not_strictly() -> None:
+    times = [[1.0, 1.2], [1.1, 1.3], [2.0, 2.1]]
+    predicted = [1.25, 1.15, 2.2]  # a and b swapped: both measured medians 1.1 / 1.2 are within each other's range
+    assert bench.ranking_up_to_ties(predicted, times) == (2, 2)
+    assert bench._ranks(predicted) != bench._ranks([1.1, 1.2, 2.05])
+
+
+def test_a_swap_the_measurement_resolves_is_counted_against_the_prediction() -> None:
+    times = [[1.0, 1.2], [1.1, 1.3], [2.0, 2.1]]
+    predicted = [2.3, 1.15, 2.2]  # a predicted slower than c, which every measured step contradicts
+    assert bench.ranking_up_to_ties(predicted, times) == (1, 2)
