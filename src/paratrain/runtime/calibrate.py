@@ -352,8 +352,10 @@ def measure_tp_collectives(
     the iteration of GEMM + collective minus the iteration of the GEMM alone, the two interleaved
     so that both see the same load (:func:`trimmed_mean` of the differences): what a collective
     adds to a step in lockstep with compute, the waiting for the slowest peer and the wake-up of a
-    blocked process included. Rows ``(kind, g, bytes, seconds)``, rank 0's figures; every rank
-    must call it."""
+    blocked process included. Rows ``(kind, g, bytes, seconds)``: the mean over the ranks of each
+    rank's figure (in lockstep a collective adds the same time on every rank, so the mean of
+    ``world`` estimates halves the noise of one at 4 ranks; rank 0's alone varied by half between
+    calibrations); every rank must call it."""
     import torch
     import torch.distributed as dist
 
@@ -393,7 +395,9 @@ def measure_tp_collectives(
             }
             for kind, op in ops.items():
                 rows.append((kind, g, nbytes, added(op)))
-    return rows
+    mean = torch.tensor([r[3] for r in rows], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return [(kind, g, nbytes, float(t) / world) for (kind, g, nbytes, _), t in zip(rows, mean, strict=True)]
 
 
 def measure_tp_dispatch() -> tuple[float, float]:
