@@ -14,7 +14,7 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule import generate
 from paratrain.sim import simulate, uniform_timing
-from paratrain.sim.engine import _P2P, _program
+from paratrain.sim.program import _P2P, _program
 from paratrain.sim.report import _generate_cached, simulate_config, timing_for_config
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.model import ModelSpec

@@ -29,8 +29,8 @@ from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule.filled import FilledSchedule
 from paratrain.schedule.ir import ActionKind
 from paratrain.schedule.registry import generate
-from paratrain.sim.engine import uniform_timing
 from paratrain.sim.fill import fill_kfac, fill_kfac_config, uniform_kfac_work
+from paratrain.sim.timing import uniform_timing
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.model import from_document
 

@@ -15,8 +15,9 @@ from paratrain.schedule.filled import FilledSchedule, kfac_piece
 from paratrain.schedule.ir import COMPUTE_KINDS, ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
-from paratrain.sim.engine import run_schedule, uniform_timing
+from paratrain.sim.engine import run_schedule
 from paratrain.sim.fill import KfacWork, fill_kfac, kfac_work, uniform_kfac_work
+from paratrain.sim.timing import uniform_timing
 
 K = ActionKind
 SYNC = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("chimera", 1), ("zb-h1", 1)]

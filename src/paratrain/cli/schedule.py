@@ -116,8 +116,8 @@ def show(
     if fill is not None:
         if fill != "kfac":
             raise ConfigError("--fill", f"unknown filler work {fill!r}", "use --fill kfac")
-        from paratrain.sim.engine import uniform_timing
         from paratrain.sim.fill import fill_kfac, uniform_kfac_work
+        from paratrain.sim.timing import uniform_timing
 
         kfac = fill_kfac(sched, uniform_timing(sched, forward_time, backward_time), uniform_kfac_work(sched))
     if plot is not None:

@@ -1,6 +1,6 @@
 """Discrete-event simulation of a schedule on a cluster: times, bubbles, memory, communication."""
 
-from paratrain.sim.engine import CommRecord, SimRun, Timing, TraceEvent, run_schedule, uniform_timing
+from paratrain.sim.engine import CommRecord, SimRun, TraceEvent, run_schedule
 from paratrain.sim.report import (
     MemoryBreakdown,
     SimResult,
@@ -9,6 +9,7 @@ from paratrain.sim.report import (
     simulate_config,
     timing_for_config,
 )
+from paratrain.sim.timing import Timing, uniform_timing
 from paratrain.sim.variability import scaled_timing, simulate_variable
 
 __all__ = [

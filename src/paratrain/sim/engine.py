@@ -9,109 +9,34 @@ the next optimizer step waits for it. Ranks advance until they block on a partne
 posted yet and are woken when it does, so the cost is O(actions) with plain lists and a deque.
 Which receive matches which send and which reductions run together come from the schedule's
 compiled form (:mod:`paratrain.schedule.compiled`, built once per schedule object); a run binds
-the durations to its steps (:func:`_program`) and executes them (:class:`_Execution`). Where
-processes share a host's cores (``Timing.core_sharing``, :mod:`paratrain.sim.sharing`) a compute
-step's duration depends on what the other ranks do meanwhile, and the ranks advance in global
-time order instead (:meth:`_Execution.run_shared`).
+the durations to its steps (:func:`paratrain.sim.program._program`) and executes them
+(:class:`_Execution`). Where processes share a host's cores (``Timing.core_sharing``,
+:mod:`paratrain.sim.sharing`) a compute step's duration depends on what the other ranks do
+meanwhile, and the ranks advance in global time order instead (:meth:`_Execution.run_shared`).
 
-Durations come from a :class:`Timing` (per chunk, per p2p transfer, per reduction, per optimizer
-step), built from the cost model by :func:`paratrain.sim.report.timing_for_config` or uniform by
-:func:`uniform_timing`.
+Durations come from a :class:`paratrain.sim.timing.Timing` (per chunk, per p2p transfer, per
+reduction, per optimizer step), built from the cost model by
+:func:`paratrain.sim.report.timing_for_config` or uniform by
+:func:`paratrain.sim.timing.uniform_timing`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from paratrain.cost.link_sharing import share_by_link
 from paratrain.errors import ConfigError
-from paratrain.schedule.compiled import STEP_COMPUTE, STEP_P2P, STEP_REDUCE, STEP_STEP, Compiled
+from paratrain.schedule.compiled import Compiled
 from paratrain.schedule.ir import Action, ActionKind, Schedule
+from paratrain.sim.program import _COLL, _COMPUTE, _P2P, _REDUCE, _STEP, _program
 from paratrain.sim.sharing import CoreSharing
+from paratrain.sim.timing import Timing
 from paratrain.trace import TraceEvent, category_of
 
-__all__ = ["Timing", "TraceEvent", "CommRecord", "SimRun", "run_schedule", "uniform_timing"]
+__all__ = ["TraceEvent", "CommRecord", "SimRun", "run_schedule"]
 
 K = ActionKind
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Durations in seconds (or any unit, consistently).
-
-    Per chunk ``c``: ``forward_s[c]``, ``backward_s[c]`` (a full ``B``: recomputation, input and
-    weight gradient), ``input_s[c]`` (an ``I``: recomputation and input gradient), ``weight_s[c]``
-    (a ``W``). ``p2p_s(src_rank, dst_rank, chunk)`` is the transfer time of one activation or
-    gradient between pipeline ranks; ``reduce_s[c]`` the gradient reduction of chunk ``c`` (all its
-    replicas and data-parallel copies together); ``optimizer_s[r]`` the optimizer step of rank
-    ``r``. ``tp_comm_s`` per chunk (tensor-parallel collectives of one forward + backward, already
-    inside the compute times), ``p2p_bytes``/``reduce_bytes`` per chunk and the groups only feed the
-    communication log and ``comm_time_by_kind``.
-    """
-
-    forward_s: tuple[float, ...]
-    backward_s: tuple[float, ...]
-    input_s: tuple[float, ...]
-    weight_s: tuple[float, ...]
-    p2p_s: Callable[[int, int, int], float]
-    reduce_s: tuple[float, ...]
-    optimizer_s: tuple[float, ...]
-    p2p_bytes: tuple[int, ...] = ()
-    reduce_bytes: tuple[int, ...] = ()
-    tp_comm_s: tuple[float, ...] = ()
-    # per chunk: context-parallel ring time not hidden by attention, forward + backward (in the compute times)
-    cp_comm_s: tuple[float, ...] = ()
-    # per chunk: FSDP's gathers and reduce-scatters not hidden by compute, forward + backward (in the compute times)
-    fsdp_comm_s: tuple[float, ...] = ()
-    reduce_kind: str = "all_reduce"
-    global_rank: Callable[[int], int] = field(default=lambda r: r)
-    reduce_groups: tuple[tuple[int, ...], ...] = ()
-    tp_groups: tuple[tuple[int, ...], ...] = ()  # per pipeline rank: its tensor-parallel group
-    # Global-norm gradient clipping across pipeline stages: the k-th optimizer step of every rank
-    # first all-reduces the squared gradient norm (one scalar) over all ranks, so it starts when the
-    # last rank is ready plus this all-reduce's time. None: the ranks' steps are independent.
-    step_allreduce_s: float | None = None
-    # Per-action override of compute durations: ``action_s(rank, index)`` for the action at
-    # ``index`` of the rank's list, or None to keep the per-chunk time (replays of measured runs).
-    action_s: Callable[[int, int], float | None] | None = None
-    # Processes sharing a host's cores (paratrain.sim.sharing): compute durations are then the
-    # time on a core of its own, stretched while more threads compute than the node has cores
-    # (the waits in collectives inside them are not: per chunk, forward_wait_s of a forward and
-    # backward_wait_s of a backward, B or I, ChunkCost's). None: every rank has its own processor.
-    core_sharing: CoreSharing | None = None
-    forward_wait_s: tuple[float, ...] = ()
-    backward_wait_s: tuple[float, ...] = ()
-    # ``p2p_link(rank, peer)``: the link of ``rank`` a transfer to or from pipeline rank ``peer``
-    # uses; the receives (and the sends) of one p2p batch on the same link share its bandwidth
-    # (paratrain.cost.link_sharing). None: every transfer has its link alone.
-    p2p_link: Callable[[int, int], object] | None = None
-
-
-def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
-    """Every chunk takes ``forward`` and ``backward`` (split in equal halves for ``I`` and ``W``);
-    communication and optimizer steps are free: the setting of the schedule papers' figures."""
-    if not 0 < forward < float("inf") or not 0 < backward < float("inf"):  # NaN fails too
-        raise ConfigError(
-            "--forward-time/--backward-time", f"must be positive and finite, got {forward} and {backward}",
-            "use e.g. 1 and 2",
-        )
-    n = schedule.num_chunks
-    return Timing(
-        forward_s=(forward,) * n,
-        backward_s=(backward,) * n,
-        input_s=(backward / 2,) * n,
-        weight_s=(backward / 2,) * n,
-        p2p_s=_free_p2p,
-        reduce_s=(0.0,) * n,
-        optimizer_s=(0.0,) * schedule.stages,
-    )
-
-
-def _free_p2p(src: int, dst: int, chunk: int) -> float:
-    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,70 +101,6 @@ def run_schedule(
         batch_end_s=tuple(tuple(x) for x in ex.batch_end),
         actions=comp.total,
     )
-
-
-# Step kinds of a program, each step a tuple (kind, value, global action index, extra):
-# compute (value: duration; extra: the batch a B/W of the batch's last micro-batch ends, else -1),
-# p2p batch (value: per operation (global index, partner's index, transfer time, is a send)),
-# gradient reduction (value: its duration), optimizer step (value: its duration).
-_COMPUTE, _P2P, _REDUCE, _STEP, _COLL = range(5)  # _COLL: a collective filler (value: its duration)
-
-
-def _program(schedule: Schedule, comp: Compiled, timing: Timing) -> list[list[tuple]]:
-    """Per rank, the compiled steps with ``timing``'s durations bound to them."""
-    m_per = schedule.microbatches
-    dur_of = {
-        K.FORWARD: timing.forward_s,
-        K.BACKWARD: timing.backward_s,
-        K.BACKWARD_INPUT: timing.input_s,
-        K.BACKWARD_WEIGHT: timing.weight_s,
-    }
-    ends_batch = (K.BACKWARD, K.BACKWARD_WEIGHT)
-    sends = (K.SEND_ACT, K.SEND_GRAD)
-    p2p_s, action_s, partner, link = timing.p2p_s, timing.action_s, comp.partner, timing.p2p_link
-    program: list[list[tuple]] = []
-    for r, row in enumerate(schedule.actions):
-        o = comp.offsets[r]
-        out: list[tuple] = []
-        for kind, i, j in comp.steps[r]:
-            a = row[i]
-            if kind == STEP_COMPUTE:
-                k = a.kind
-                mb = a.microbatch
-                bidx = mb // m_per if k in ends_batch and mb % m_per == m_per - 1 else -1
-                v = action_s(r, i) if action_s is not None else None
-                out.append((_COMPUTE, dur_of[k][a.chunk] if v is None else v, o + i, bidx))
-            elif kind == STEP_P2P:
-                ops = []
-                for h in range(i, j):
-                    b = row[h]
-                    if b.kind in sends:
-                        ops.append((o + h, partner[o + h], p2p_s(r, b.peer, b.chunk), True))
-                    else:  # timed like its send: from the peer's chunk (c-1 for an activation, c+1 for a gradient)
-                        c = b.chunk - 1 if b.kind is K.RECV_ACT else b.chunk + 1
-                        ops.append((o + h, partner[o + h], p2p_s(b.peer, r, c), False))
-                if link is not None and len(ops) > 1:
-                    ops = _share_links(ops, [link(r, row[h].peer) for h in range(i, j)])
-                out.append((_P2P, tuple(ops), o + i, 0))
-            elif kind == STEP_REDUCE:
-                out.append((_REDUCE, timing.reduce_s[a.chunk], o + i, 0))
-            elif kind == STEP_STEP:
-                v = action_s(r, i) if action_s is not None else None
-                out.append((_STEP, timing.optimizer_s[r] if v is None else v, o + i, 0))
-            elif o + i in comp.collective_members:  # a collective filler: waits for its whole group
-                out.append((_COLL, a.duration_s or 0.0, o + i, 0))
-            else:  # filler work
-                out.append((_COMPUTE, a.duration_s or 0.0, o + i, -1))
-        program.append(out)
-    return program
-
-
-def _share_links(ops: list[tuple], links: list[object]) -> list[tuple]:
-    """A p2p batch's operations with the times of the sends, and of the receives, that use the same
-    link of the rank stretched by :func:`paratrain.cost.link_sharing.share_by_link`."""
-    keys = [(op[3], k) for op, k in zip(ops, links, strict=True)]  # (is a send, link): one direction each
-    times = share_by_link([op[2] for op in ops], keys)
-    return [(h, ph, x, snd) for (h, ph, _, snd), x in zip(ops, times, strict=True)]
 
 
 class _Execution:

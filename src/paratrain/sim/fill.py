@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from paratrain.errors import ConfigError
 from paratrain.schedule.filled import CURV, INV, REDUCE, FilledSchedule, layer_groups
 from paratrain.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
-from paratrain.sim.engine import Timing, TraceEvent, run_schedule
+from paratrain.sim.engine import TraceEvent, run_schedule
+from paratrain.sim.timing import Timing
 
 if TYPE_CHECKING:
     from paratrain.cost.kfac import KfacLayerCost
@@ -152,7 +153,7 @@ def kfac_work(schedule: Schedule, chunk_layers: Sequence[Sequence[KfacLayerCost]
 
 def uniform_kfac_work(schedule: Schedule, curv: float = 0.25, reduce: float = 0.5, inv: float = 1.0,
                       inv_groups: int = 2) -> KfacWork:
-    """Pieces in the units of :func:`paratrain.sim.engine.uniform_timing` (for ``schedule show``):
+    """Pieces in the units of :func:`paratrain.sim.timing.uniform_timing` (for ``schedule show``):
     ``curv`` per micro-batch and chunk, one ``reduce``, ``inv_groups`` inversions of ``inv``."""
     curv_s = []
     for row in schedule.actions:

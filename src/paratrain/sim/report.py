@@ -30,7 +30,8 @@ from paratrain.errors import ConfigError
 from paratrain.schedule.compiled import hosts_of
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.validate import inflight_and_versions
-from paratrain.sim.engine import CommRecord, SimRun, Timing, TraceEvent, run_schedule, uniform_timing
+from paratrain.sim.engine import CommRecord, SimRun, TraceEvent, run_schedule
+from paratrain.sim.timing import Timing, uniform_timing
 
 if TYPE_CHECKING:
     from paratrain.parallel.config import ParallelConfig

@@ -27,8 +27,8 @@ import numpy as np
 
 from paratrain.errors import ConfigError
 from paratrain.schedule.ir import ActionKind, Schedule
-from paratrain.sim.engine import Timing
 from paratrain.sim.report import SimResult, simulate
+from paratrain.sim.timing import Timing
 
 __all__ = ["gamma_factors", "scaled_timing", "simulate_variable", "DEFAULT_SAMPLES"]
 
