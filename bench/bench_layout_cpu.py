@@ -137,11 +137,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("layout", choices=list(bl.LAYOUTS))
     p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")
-    for name, default in (("layers", 8), ("hidden", 256), ("heads", 4), ("seq", 128), ("vocab", 256),
-                          ("microbatch", 2), ("global-batch", 32)):
-        p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    bl.add_model_flags(p)
     a = p.parse_args()
     if a.worker:
         worker(a)
@@ -149,8 +145,7 @@ def main() -> None:
     if a.steps < 1:
         p.error("--steps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-layout-cpu-") as tmp:
-        args = [a.layout, f"--steps={a.steps}", *(f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
-                ("layers", "hidden", "heads", "seq", "vocab", "microbatch", "global_batch"))]
+        args = [a.layout, f"--steps={a.steps}", *bl.model_argv(a)]
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", __file__, "--worker",
                   "--out", tmp, *args]
         subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, stdout=subprocess.DEVNULL)

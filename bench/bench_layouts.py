@@ -157,6 +157,24 @@ def _predict_only(a: argparse.Namespace) -> None:
         print(f"{n:<18}{ps:>12.3f}{rp:>11}")
 
 
+# The model and batch every layout trains (flag, default); bench_layout_cpu.py takes the same.
+MODEL_FLAGS = (("layers", 8), ("hidden", 256), ("heads", 4), ("seq", 128), ("vocab", 256), ("microbatch", 2),
+               ("global-batch", 32))
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The model flags, and the hidden ones a torchrun worker is started with."""
+    for name, default in MODEL_FLAGS:
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def model_argv(a: argparse.Namespace) -> list[str]:
+    """The model flags as parsed, to pass on to the workers."""
+    return [f"--{name}={getattr(a, name.replace('-', '_'))}" for name, _ in MODEL_FLAGS]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calibration", help="PARATRAIN_CACHE directory with cpu.json and cpu-cluster.json "
@@ -167,15 +185,7 @@ def main() -> None:
     p.add_argument("--predict-only", action="store_true", help="print the predictions of --calibration's "
                    "calibration without training (no measured column, no verdict)")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--microbatch", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    add_model_flags(p)
     a = p.parse_args()
     if a.worker:
         worker(a)
@@ -203,8 +213,7 @@ def main() -> None:
             for f in ("cpu.json", "cpu-cluster.json"):
                 shutil.copyfile(cache / f, Path(a.save_calibration) / f)
         t1 = time.perf_counter()
-        args = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
-                ("layouts", "steps", "layers", "hidden", "heads", "seq", "vocab", "microbatch", "global_batch")]
+        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", *model_argv(a)]
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", __file__, "--worker",
                   "--out", str(tmp), *args]
         subprocess.run(launch, env=env, check=True, stdout=subprocess.DEVNULL)
