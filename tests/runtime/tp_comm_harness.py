@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
-from paratrain.runtime.calibrate import measure_tp_collectives, measure_tp_dispatch
+from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch
 from paratrain.runtime.models import TransformerLM, build_model
 from paratrain.runtime.tensor_parallel import apply_tensor_parallel, loss_context
 from paratrain.spec.model import from_document

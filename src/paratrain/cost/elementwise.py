@@ -122,8 +122,6 @@ def _residual_op(name: str, model: ModelSpec, n: int, e: int, fused: bool) -> Op
     )
 
 
-
-
 def _activation_ops(model: ModelSpec, n: int, e: int, fused: bool) -> list[Op]:
     """The MLP's activation over the ``n`` elements of the first GEMM's output (per half when gated):
     SwiGLU, or GeLU with its bias add fused or separate."""
