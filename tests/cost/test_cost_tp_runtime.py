@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from paratrain.cost.collectives import collective_time
 from paratrain.cost.stage import chunk_costs
-from paratrain.cost.tensor_parallel import measured_time, tp_part_times, tp_parts
+from paratrain.cost.tensor_parallel import measured_time, tp_part_cpu, tp_part_times, tp_parts
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
 from paratrain.runtime.tensor_parallel import block_plan
@@ -115,6 +115,31 @@ def test_chunk_tp_time_is_measured_collectives_plus_dispatch() -> None:
     assert c.tp_comm_s == pytest.approx(GPT.layers * layer + embedding + head, rel=1e-12)
 
 
+@pytest.mark.parametrize(("cores", "rate"), [(0, 1.0), (8, 1.0), (2, 0.5)])
+def test_a_collectives_cpu_is_host_work_and_the_rest_a_wait(cores: int, rate: float) -> None:
+    """An all-reduce over 4 processes measured at a = 10 ms with c = 3 ms of CPU, its group alone
+    computing at r = min(1, cores / 4): a = c / r + l, so the wait is l = a - c / r, and at full
+    speed the collective takes c + l; the chunk's host work (dispatch and the collectives' CPU)
+    is what its time holds beyond its waits. With a loss all-reduce of another size the one row is
+    its line's mean, so every all-reduce here costs c."""
+    mb = 4
+    act = mb * GPT.seq * GPT.hidden * 4
+    base = dataclasses.replace(resolve_cluster("cpu", gpus=4), measured_collectives=(("all_reduce", 4, act, 0.01),),
+                               tensor_parallel="dtensor", cores_per_node=cores)
+    cpu = dataclasses.replace(base, collective_cpu_s=(("all_reduce", 4, act, 3e-3),))
+    part = tp_parts(GPT, sequence_parallel=False, microbatch=mb, dtype="fp32")["layer"]
+    wait = 0.01 - 3e-3 / rate
+    f, b, _, _ = tp_part_times(part, cpu, (0, 1, 2, 3))
+    assert (f, b) == pytest.approx((2 * (3e-3 + wait), 4 * (3e-3 + wait)), rel=1e-12)
+    assert tp_part_cpu(part, cpu, (0, 1, 2, 3)) == pytest.approx((2 * 3e-3, 4 * 3e-3), rel=1e-12)
+    assert tp_part_cpu(part, base, (0, 1, 2, 3)) == (0.0, 0.0)  # not measured: all of it a wait
+    config = ParallelConfig(tp=4, microbatch=mb, global_batch=16, dtype="fp32")
+    (with_cpu,), (without,) = chunk_costs(GPT, cpu, config), chunk_costs(GPT, base, config)
+    n = GPT.layers
+    # forward: 2 all-reduces per layer, the embedding's one and the loss's three, each waiting c / r less
+    assert with_cpu.forward_wait_s - without.forward_wait_s == pytest.approx(-(2 * n + 4) * 3e-3 / rate, rel=1e-9)
+
+
 def test_unmeasured_group_falls_back_to_the_alpha_beta_model() -> None:
     cluster = dataclasses.replace(resolve_cluster("cpu", gpus=4), measured_collectives=TABLE[3:],
                                   tensor_parallel="dtensor")
@@ -148,6 +173,9 @@ def test_gpu_presets_keep_megatron_and_the_cpu_cluster_reads_its_calibration() -
     ({"measured_collectives": [["all_reduce", 4, -1, 0.1]]}, "measured_collectives[0] bytes"),
     ({"measured_collectives": "fast"}, "measured_collectives"),
     ({"tensor_parallel": "deepspeed"}, "tensor_parallel"),
+    ({"collective_cpu_s": [["all_reduce", 2, 4096, -1.0]]}, "collective_cpu_s[0] seconds"),
+    ({"collective_cpu_s": "slow"}, "collective_cpu_s"),
+    ({"collective_cpu_s": [[2]]}, "collective_cpu_s[0]"),
 ])
 def test_bad_tensor_parallel_fields_name_the_field(change, field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -160,8 +188,10 @@ def test_calibrate_prints_one_line_per_kind_and_group() -> None:
 
     dev = dataclasses.replace(resolve_cluster("cpu").device, tp_dispatch_forward_s=2e-4, tp_dispatch_backward_s=5e-4)
     rows = [["all_reduce", 2, 4096, 0.001], ["all_reduce", 2, 2**21, 0.004], ["all_gather", 4, 4096, 0.002]]
-    assert tp_lines(rows, dev) == [
-        "tensor-parallel all-reduce over 2 processes after a GEMM (lockstep): 4 KiB 1.00 ms, 2 MiB 4.00 ms",
-        "tensor-parallel all-gather over 4 processes after a GEMM (lockstep): 4 KiB 2.00 ms",
+    cpu = [["all_reduce", 2, 4096, 5e-4], ["all_reduce", 2, 2**21, 2e-3]]
+    assert tp_lines(rows, dev, cpu) == [
+        "tensor-parallel all-reduce over 2 processes after a GEMM (one group): 4 KiB 1.00 (CPU 0.50) ms, "
+        "2 MiB 4.00 (CPU 2.00) ms",
+        "tensor-parallel all-gather over 4 processes after a GEMM (one group): 4 KiB 2.00 ms",
         "DTensor dispatch per tensor-parallel module: forward 200 us, backward 500 us",
     ]

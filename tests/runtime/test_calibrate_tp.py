@@ -70,6 +70,10 @@ def test_calibration_times_every_kind_and_size_and_the_dispatch(recorded: dict[s
     assert all(s >= 0 for *_, s in rows) and max(s for *_, s in rows) > 0
     forward, backward = recorded["dispatch"]
     assert forward > 0 and backward > 0
+    # the CPU each collective cost its process (gloo's threads included), for the same rows
+    cpu = recorded["collective_cpu"]
+    assert [row[:3] for row in cpu] == [row[:3] for row in rows]
+    assert all(0 < s < 0.1 for *_, s in cpu)
 
 
 def test_progress_counts_the_tensor_parallel_steps() -> None:

@@ -8,7 +8,7 @@ runs them) with a dispatch mode: its kind and its bytes per rank (the input of a
 reduce-scatter, the output of an all-gather). Then it runs the calibration's tensor-parallel
 measurements (``measure_tp_collectives``, ``measure_tp_dispatch``) once. Rank 0 writes
 ``{"issued": {case: {"forward": [[kind, bytes], ...], "backward": [...]}}, "measured": [...],
-"dispatch": [forward_s, backward_s]}``.
+"dispatch": [forward_s, backward_s], "collective_cpu": [...]}``.
 """
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ def main() -> None:
             with Recorder() as bwd, loss_context(world):
                 loss.backward()
             issued[f"{name}{'-sp' if sp else ''}"] = {"forward": fwd.calls, "backward": bwd.calls}
-    measured = measure_tp_collectives(rank, world)
+    measured, collective_cpu = measure_tp_collectives(rank, world)
     dispatch = measure_tp_dispatch()
     if rank == 0:
         with open(sys.argv[1], "w", encoding="utf-8") as fh:
-            json.dump({"issued": issued, "measured": measured, "dispatch": dispatch}, fh)
+            json.dump({"issued": issued, "measured": measured, "dispatch": dispatch,
+                       "collective_cpu": collective_cpu}, fh)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -95,6 +95,31 @@ def test_a_wait_in_a_collective_takes_no_core() -> None:
     assert simulate(s, t).iteration_time_s == pytest.approx(1.6 + 3.5, rel=1e-12)
 
 
+@pytest.mark.parametrize(("wait", "expected"), [(0.2, 2 * 0.8), (1.5, 0.8 + 1.5)])
+def test_independent_groups_fill_each_others_waits(wait: float, expected: float) -> None:
+    """dp 2 × tp 2 on 2 cores as one stage: a forward of W = 0.8 of work and ``wait`` = L of
+    waits in collectives, a backward of 1 of work. Two independent pairs: the forward takes the
+    fluid bound max(W / r_all, W / r_one + L), with r_all = 2 / 4 and r_one = 2 / 2 (the cores
+    bind at 1.6 when L is short, one pair's own path 0.8 + L when it is long); the backward
+    1 / r_all = 2. In lockstep (one group) the forward is W / r_all + L."""
+    s = generate("gpipe", stages=1, microbatches=1)
+    t = replace(uniform_timing(s, 0.8 + wait, 1.0), forward_wait_s=(wait,), backward_wait_s=(0.0,))
+    pairs = CoreSharing(cores=2, threads=1, placement=(((0, 4),),), groups=(2,))
+    lockstep = CoreSharing(cores=2, threads=1, placement=(((0, 4),),))
+    assert simulate(s, replace(t, core_sharing=pairs)).iteration_time_s == pytest.approx(expected + 2, rel=1e-12)
+    assert simulate(s, replace(t, core_sharing=lockstep)).iteration_time_s == pytest.approx(1.6 + wait + 2,
+                                                                                            rel=1e-12)
+
+
+def test_one_group_rate_counts_the_other_computing_ranks() -> None:
+    share = CoreSharing(cores=2, threads=1, placement=(((0, 4),), ((0, 2),)), groups=(2, 1))
+    assert share.one_group_rate(0, [0]) == 1.0  # 2 of its processes on 2 cores
+    assert share.one_group_rate(0, [0, 1]) == 0.5  # and rank 1's 2 beside them
+    assert share.one_group_rate(1, [1]) == 1.0
+    with pytest.raises(ConfigError, match="groups"):
+        CoreSharing(cores=2, threads=1, placement=(((0, 4),),), groups=(0,))
+
+
 def test_rates_count_threads_and_take_the_slowest_node() -> None:
     share = CoreSharing(cores=4, threads=2, placement=(((0, 1), (1, 1)), ((0, 2),), ((1, 1),)))
     # ranks 0 and 1 computing: node 0 has 1 + 2 processes x 2 threads = 6 on 4 cores, node 1 2
@@ -111,6 +136,10 @@ def test_sharing_is_off_without_cores_or_with_enough_of_them() -> None:
     assert layout_sharing(resolve_cluster("dgx-a100", gpus=4), config) is None
     cpu = dataclasses.replace(resolve_cluster("cpu", gpus=4), cores_per_node=2, threads_per_process=1)
     assert layout_sharing(cpu, config) == CoreSharing(2, 1, (((0, 2),), ((0, 2),)))
+    # dp tensor-parallel pairs wait apart unless sharded parameters tie them together
+    tp_pairs = ParallelConfig(dp=2, tp=2, microbatch=1, global_batch=8)
+    assert layout_sharing(cpu, tp_pairs).groups == (2,)
+    assert layout_sharing(cpu, replace(tp_pairs, sharding="zero3")).groups == ()
     with pytest.raises(ConfigError, match="cores_per_node"):
         dataclasses.replace(cpu, cores_per_node=-1)
     with pytest.raises(ConfigError, match="threads_per_process"):
@@ -133,13 +162,14 @@ def test_calibration_stores_per_core_rates() -> None:
     assert new.memory_efficiency == pytest.approx(old.memory_efficiency)
 
 
-@pytest.mark.parametrize(("dp", "tp", "pipelined"), [(4, 1, (2, 1)), (2, 2, (1, 2)), (1, 4, (1, 2))])
+@pytest.mark.parametrize(("dp", "tp", "pipelined"), [(4, 1, (2, 1)), (1, 4, (1, 2))])
 def test_layouts_always_all_computing_are_predicted_as_before(
     tmp_path, monkeypatch, dp: int, tp: int, pipelined: tuple[int, int]
 ) -> None:
-    """No double count: a layout whose 4 processes always compute at once (no pipeline) gets the
-    same prediction from per-core rates shared 2 ways as from the rates measured under that
-    sharing; only pipelines, whose idle stages lend their cores, change."""
+    """No double count: a layout whose 4 processes always compute at once (no pipeline, one
+    lockstep group) gets the same prediction from per-core rates shared 2 ways as from the rates
+    measured under that sharing; only pipelines, whose idle stages lend their cores, change (and
+    independent tensor-parallel groups, which lend theirs while they wait: dp 2 × tp 2, above)."""
     old, new = tmp_path / "old", tmp_path / "new"
     for d in (old, new):
         d.mkdir()

@@ -82,12 +82,17 @@ def _fit_from_traces(target: Path, traces: list[Path], json_out: bool) -> None:
           f"duration_cv {device.duration_cv:.3f} -> {cv:.3f}; wrote {target}")
 
 
-def tp_lines(rows: list[list[str | int | float]], device: DeviceSpec) -> list[str]:
-    """The tensor-parallel measurements as printed: one line per collective kind and group size."""
+def tp_lines(rows: list[list[str | int | float]], device: DeviceSpec,
+             cpu_rows: list[list[str | int | float]] = ()) -> list[str]:
+    """The tensor-parallel measurements as printed: one line per collective kind and group size
+    (its time, then the CPU it cost), DTensor's dispatch."""
+    cpu = {(str(k), int(g), int(b)): float(s) for k, g, b, s in cpu_rows}
     by: dict[tuple[str, int], list[str]] = {}
     for kind, group, nbytes, seconds in rows:
-        by.setdefault((str(kind), int(group)), []).append(f"{_kib(int(nbytes))} {float(seconds) * 1e3:.2f} ms")
-    out = [f"tensor-parallel {kind.replace('_', '-')} over {group} processes after a GEMM (lockstep): "
+        key = (str(kind), int(group), int(nbytes))
+        of_cpu = f" (CPU {cpu[key] * 1e3:.2f})" if key in cpu else ""
+        by.setdefault((str(kind), int(group)), []).append(f"{_kib(int(nbytes))} {float(seconds) * 1e3:.2f}{of_cpu} ms")
+    out = [f"tensor-parallel {kind.replace('_', '-')} over {group} processes after a GEMM (one group): "
            + ", ".join(v) for (kind, group), v in by.items()]
     out.append(f"DTensor dispatch per tensor-parallel module: forward {device.tp_dispatch_forward_s * 1e6:.0f} us, "
                f"backward {device.tp_dispatch_backward_s * 1e6:.0f} us")
@@ -220,7 +225,8 @@ def calibrate(
     device = device_from_measurement(m)
     cluster_doc = (
         links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads,
-                       comm.get("measured_collectives", ()), cores=int(m.get("cores", 0)))
+                       comm.get("measured_collectives", ()), cores=int(m.get("cores", 0)),
+                       collective_cpu=comm.get("collective_cpu", ()))
         if comm is not None else None
     )
     atomic_write_text(target, json.dumps(device.to_dict(), indent=2) + "\n", "--out")
@@ -262,7 +268,7 @@ def calibrate(
               f"beta {cluster_doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s")
         ar = ", ".join(f"{int(k)} B {v * 1e6:.0f} us" for k, v in cluster_doc["allreduce_s_by_bytes"].items())
         print(f"gloo all-reduce over {procs} processes: {ar}")
-        for line in tp_lines(cluster_doc["measured_collectives"], device):
+        for line in tp_lines(cluster_doc["measured_collectives"], device, cluster_doc["collective_cpu"]):
             print(line)
         print(f"wrote {target} and {links} in {elapsed:.1f} s")
     else:

@@ -36,7 +36,7 @@ from paratrain.cost.sharding import (
     reshards_after_forward,
     static_shares,
 )
-from paratrain.cost.tensor_parallel import tp_part_times, tp_parts
+from paratrain.cost.tensor_parallel import tp_part_cpu, tp_part_times, tp_parts
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig, Recompute
@@ -236,13 +236,15 @@ def _tp_dispatch(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
     dtype: str,
 ) -> tuple[float, float, float, float, float, float]:
-    """The DTensor host dispatch inside :func:`_tp_comm`'s times, in the same order."""
+    """The host work inside :func:`_tp_comm`'s times, in the same order: DTensor's dispatch and
+    the collectives' own CPU (the rest of those times is waiting, which takes no core)."""
     parts = tp_parts(model, sequence_parallel=sequence_parallel, microbatch=microbatch, dtype=dtype,
                      runtime=cluster.tensor_parallel)
     out: list[float] = []
     for name in ("layer", "embedding", "head"):
         _, _, df, db = tp_part_times(parts[name], cluster, ranks)
-        out += [df, db]
+        wf, wb = tp_part_cpu(parts[name], cluster, ranks)
+        out += [df + wf, db + wb]
     lf, lb, ef, eb, hf, hb = out
     return lf, lb, ef, eb, hf, hb
 
@@ -384,7 +386,7 @@ def chunk_costs(
     cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0
     disp = _tp_dispatch(local_model(model, config.cp), cluster, ranks, config.sequence_parallel, config.microbatch,
                         config.dtype)
-    waits = [c - d for c, d in zip(comm, disp, strict=True)]  # collectives alone, without the dispatch
+    waits = [c - d for c, d in zip(comm, disp, strict=True)]  # the collectives' waiting, without host work
     wait_rec = waits[0] + cp_f if config.recompute is Recompute.FULL else 0.0  # the recomputed forward's
     # Parameters are replicated over cp: sharding and gradient reduction span the dp-cp group (Megatron-LM's
     # distributed optimizer, torchtitan's dp_shard_cp mesh).

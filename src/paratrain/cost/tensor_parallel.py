@@ -31,6 +31,14 @@ Times: a collective's time is read from the cluster's ``measured_collectives`` (
 least-squares line in bytes, where it holds that kind and group size; else the alpha-beta model
 (:func:`paratrain.cost.collectives.collective_time`). DTensor's host time is
 ``tp_dispatch_forward_s`` / ``tp_dispatch_backward_s`` of the device per parallelized module.
+
+On a CPU host a collective is partly work and partly waiting. The cluster's ``collective_cpu_s``
+holds the CPU ``c`` one collective costs each process of its group (gloo's threads included; the
+same least-squares line in bytes); the calibration timed one group alone, where its ``g`` processes compute at rate
+``r = min(1, cores / (g · threads))`` (:func:`group_rate`), so the measured time ``a`` is
+``c / r`` of work plus ``l = a − c / r`` of waiting. The model keeps the two apart: at full speed
+the collective takes ``c + l``, ``c`` of it host work (beside the dispatch), which the simulator
+shares among the processes computing on the node, ``l`` a wait that takes no core.
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ from paratrain.cost.compute import dtype_bytes
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import Activation, ModelSpec
 
-__all__ = ["TPCollective", "TPPart", "tp_parts", "tp_part_times", "measured_time"]
+__all__ = ["TPCollective", "TPPart", "collective_cpu", "group_rate", "tp_parts", "tp_part_cpu", "tp_part_times",
+           "measured_time"]
 
 LOSS_VALUES_PER_TOKEN = 3  # loss_parallel: row maximum, sum of exponentials, target logit (fp32)
 
@@ -130,7 +139,17 @@ def measured_time(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> f
     measured sizes of that kind and group (a line through three noisy points of a shared machine
     rather than a path through each); without a positive slope, their mean; without a positive
     intercept, the line through the origin. None when not measured."""
-    pts = [(float(b), s) for k, g, b, s in cluster.measured_collectives if k == kind and g == group]
+    return _line(cluster.measured_collectives, kind, group, nbytes)
+
+
+def collective_cpu(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> float:
+    """CPU seconds one ``kind`` collective of ``nbytes`` over ``group`` processes costs each of
+    them, the line of :func:`measured_time` through ``collective_cpu_s`` (0 when not measured)."""
+    return _line(cluster.collective_cpu_s, kind, group, nbytes) or 0.0
+
+
+def _line(rows: tuple[tuple[str, int, int, float], ...], kind: str, group: int, nbytes: int) -> float | None:
+    pts = [(float(b), s) for k, g, b, s in rows if k == kind and g == group]
     if not pts:
         return None
     n = len(pts)
@@ -145,21 +164,44 @@ def measured_time(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> f
     return alpha + slope * nbytes
 
 
-def _collective_s(cluster: ClusterSpec, ranks: tuple[int, ...], c: TPCollective) -> float:
-    t = measured_time(cluster, c.kind, len(ranks), c.nbytes)
+def group_rate(cluster: ClusterSpec, group: int) -> float:
+    """The speed of ``group`` processes computing together, alone on a node's cores, as a
+    fraction of one process alone on a core (1 when every device has its own processor)."""
+    if cluster.cores_per_node == 0:
+        return 1.0
+    return min(1.0, cluster.cores_per_node / (group * cluster.threads_per_process))
+
+
+def _collective_s(cluster: ClusterSpec, ranks: tuple[int, ...], c: TPCollective) -> tuple[float, float]:
+    """``(time at full speed, host work within it)`` of ``c``'s collectives."""
+    g = len(ranks)
+    t = measured_time(cluster, c.kind, g, c.nbytes)
     if t is None:
         t = collective_time(c.kind, c.nbytes, ranks, cluster).time_s
-    return c.count * t
+    # the work cannot exceed what the measured time holds (the two are measured apart)
+    work = min(collective_cpu(cluster, c.kind, g, c.nbytes), t * group_rate(cluster, g))
+    # measured as work / rate + wait: at full speed work + wait
+    return c.count * (t - work / group_rate(cluster, g) + work), c.count * work
 
 
 def tp_part_times(
     part: TPPart, cluster: ClusterSpec, ranks: tuple[int, ...]
 ) -> tuple[float, float, float, float]:
     """``(forward collectives, backward collectives, forward dispatch, backward dispatch)`` of one
-    piece on the tensor-parallel group ``ranks``, in seconds (all 0 for a group of one)."""
+    piece on the tensor-parallel group ``ranks``, in seconds (all 0 for a group of one). The
+    collectives' times include their own CPU (:func:`tp_part_cpu`)."""
     if len(ranks) == 1:
         return 0.0, 0.0, 0.0, 0.0
     dev = cluster.device
-    return (sum(_collective_s(cluster, ranks, c) for c in part.forward),
-            sum(_collective_s(cluster, ranks, c) for c in part.backward),
+    return (sum(_collective_s(cluster, ranks, c)[0] for c in part.forward),
+            sum(_collective_s(cluster, ranks, c)[0] for c in part.backward),
             part.modules * dev.tp_dispatch_forward_s, part.modules * dev.tp_dispatch_backward_s)
+
+
+def tp_part_cpu(part: TPPart, cluster: ClusterSpec, ranks: tuple[int, ...]) -> tuple[float, float]:
+    """``(forward, backward)`` CPU seconds of one piece's collectives on ``ranks`` (host work, not
+    waiting; 0 for a group of one or where the cluster measured none)."""
+    if len(ranks) == 1:
+        return 0.0, 0.0
+    return (sum(_collective_s(cluster, ranks, c)[1] for c in part.forward),
+            sum(_collective_s(cluster, ranks, c)[1] for c in part.backward))

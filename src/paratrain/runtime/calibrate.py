@@ -348,7 +348,8 @@ def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None
         dist.barrier()
         comm = measure_comm(rank, world, progress=progress, done=len(_CPU_STEPS), total=total)
         done = len(_CPU_STEPS) + len(_COMM_STEPS)
-        comm["measured_collectives"] = measure_tp_collectives(rank, world, progress=progress, done=done, total=total)
+        comm["measured_collectives"], comm["collective_cpu"] = measure_tp_collectives(
+            rank, world, progress=progress, done=done, total=total)
         if progress is not None:
             progress(total - 1, total, "DTensor dispatch")
         cpu["tp_dispatch_forward_s"], cpu["tp_dispatch_backward_s"] = measure_tp_dispatch()

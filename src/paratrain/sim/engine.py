@@ -223,11 +223,14 @@ class _Execution:
         a compute step, waits for a time ahead, or blocks; then time moves to the next event (a
         compute finishing at the ranks' current rates, or a waiting rank's time), every
         computing rank having done ``rate × elapsed`` of its work. A compute step's waits in
-        collectives (``Timing.forward_wait_s``/``backward_wait_s``) follow its work, unshared."""
+        collectives (``Timing.forward_wait_s``/``backward_wait_s``) follow its work, unshared;
+        a rank of several independent groups (``CoreSharing.groups``) hides them in the time
+        sharing added to its work, down to one group's own path (:mod:`paratrain.sim.sharing`)."""
         post, waiters, runnable = self.post, self.waiters, self.runnable
         p = len(program)
         now = 0.0
         work = [0.0] * p  # single-core seconds left of the compute in progress
+        whole = [0.0] * p  # and all of it
         began = [0.0] * p
         tail = [0.0] * p  # its waits in collectives, unshared
         computing: dict[int, tuple] = {}  # rank -> the compute (or optimizer) step it runs
@@ -247,6 +250,7 @@ class _Execution:
                     if kind == _COMPUTE or (kind == _STEP and stepped[r]):
                         x = self._wait_part(g, val) if kind == _COMPUTE else 0.0
                         work[r], tail[r], began[r] = val - x, x, max(t, now)
+                        whole[r] = work[r]
                         computing[r] = st[i]
                         break
                     if kind == _P2P:
@@ -304,6 +308,10 @@ class _Execution:
                 nxt = sleeping[0][0]
             for r in list(computing):
                 if finish[r] <= nxt:
+                    if tail[r] > 0 and share.groups_of(r) > 1:
+                        # the groups' waits fill the time the sharing added beyond one group's path
+                        slack = nxt - began[r] - whole[r] / share.one_group_rate(r, computing)
+                        tail[r] = max(0.0, tail[r] - max(0.0, slack))
                     self._finish_compute(r, computing.pop(r), began[r], nxt, tail[r])
                     stepped[r] = False
                     runnable.append(r)

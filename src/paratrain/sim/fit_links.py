@@ -27,6 +27,8 @@ class LinksDocument(TypedDict):
     cores: int  # cores the processes shared (0: not recorded); the device's rates are per core
     # tensor-parallel collectives in lockstep with compute: [kind, group size, bytes, seconds]
     measured_collectives: list[list[str | int | float]]
+    # the CPU each of them cost a process: [kind, group size, bytes, seconds]
+    collective_cpu: list[list[str | int | float]]
 
 
 def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
@@ -55,10 +57,12 @@ def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
 def links_document(
     p2p_s_by_bytes: Mapping[int, float], allreduce_s_by_bytes: Mapping[int, float], procs: int, threads: int,
     measured_collectives: Sequence[tuple[str, int, int, float]] = (), cores: int = 0,
+    collective_cpu: Sequence[tuple[str, int, int, float]] = (),
 ) -> LinksDocument:
     """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times, the raw
     timings (keys: message bytes as strings) and the tensor-parallel collectives as measured
-    (read by the ``cpu`` cluster preset as its ``measured_collectives``)."""
+    and the CPU they cost (read by the ``cpu`` cluster preset as its ``measured_collectives`` and
+    ``collective_cpu_s``)."""
     alpha, beta = fit_alpha_beta([float(n) for n in p2p_s_by_bytes], list(p2p_s_by_bytes.values()))
     return {
         "p2p_latency_s": alpha,
@@ -69,4 +73,5 @@ def links_document(
         "threads": threads,
         "cores": cores,
         "measured_collectives": [list(row) for row in measured_collectives],
+        "collective_cpu": [list(row) for row in collective_cpu],
     }

@@ -119,11 +119,18 @@ class ClusterSpec:
     # own processor (GPUs).
     cores_per_node: int = 0
     threads_per_process: int = 1
+    # CPU seconds a tensor-parallel collective costs each process of its group, as ``paratrain
+    # calibrate`` measured it (gloo's threads included): (kind, group size, bytes, seconds). Part
+    # of a measured collective's time is this work, which competes for the cores; the rest is
+    # waiting (paratrain.cost.tensor_parallel). Empty: all of it waiting.
+    collective_cpu_s: tuple[tuple[str, int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError("name", f"must be a string, got {self.name!r}", "give the cluster a name")
         object.__setattr__(self, "measured_collectives", measured_collective_rows(self.measured_collectives))
+        cpu = measured_collective_rows(self.collective_cpu_s, "collective_cpu_s")
+        object.__setattr__(self, "collective_cpu_s", cpu)
         if self.tensor_parallel not in ("megatron", "dtensor"):
             raise ConfigError("tensor_parallel", f"unknown tensor-parallel runtime {self.tensor_parallel!r}",
                               "use megatron or dtensor")
@@ -208,20 +215,20 @@ class ClusterSpec:
         return d
 
 
-def measured_collective_rows(rows: Any) -> tuple[tuple[str, int, int, float], ...]:
-    """``rows`` as hashable (kind, group size, bytes, seconds) tuples (a JSON file gives lists)."""
+def measured_collective_rows(rows: Any, field: str = "measured_collectives") -> tuple[tuple[str, int, int, float], ...]:
+    """``rows`` as hashable (kind, group size, bytes, seconds) tuples (a JSON file gives lists);
+    ``field`` names them in errors."""
     fix = "give [[kind, group size, bytes, seconds], ...], e.g. [[\"all_reduce\", 4, 524288, 0.01]]"
     if not isinstance(rows, (list, tuple)):
-        raise ConfigError("measured_collectives", f"must be a list of rows, got {rows!r}", fix)
+        raise ConfigError(field, f"must be a list of rows, got {rows!r}", fix)
     out = []
     for i, row in enumerate(rows):
         if not isinstance(row, (list, tuple)) or len(row) != 4 or not isinstance(row[0], str):
-            raise ConfigError(f"measured_collectives[{i}]", f"must be [kind, group size, bytes, seconds], got {row!r}",
-                              fix)
+            raise ConfigError(f"{field}[{i}]", f"must be [kind, group size, bytes, seconds], got {row!r}", fix)
         kind, size, nbytes, seconds = row
-        require_positive_int(f"measured_collectives[{i}] group size", size)
-        require_positive_int(f"measured_collectives[{i}] bytes", nbytes)
-        require_positive(f"measured_collectives[{i}] seconds", seconds, allow_zero=True)
+        require_positive_int(f"{field}[{i}] group size", size)
+        require_positive_int(f"{field}[{i}] bytes", nbytes)
+        require_positive(f"{field}[{i}] seconds", seconds, allow_zero=True)
         out.append((kind, int(size), int(nbytes), float(seconds)))
     return tuple(out)
 

@@ -10,7 +10,13 @@ import json
 from pathlib import Path
 
 from paratrain.errors import ConfigError
-from paratrain.spec.cluster import ClusterSpec, LinkSpec, Topology, TopologyKind, measured_collective_rows
+from paratrain.spec.cluster import (
+    ClusterSpec,
+    LinkSpec,
+    Topology,
+    TopologyKind,
+    measured_collective_rows,
+)
 from paratrain.spec.device import cpu_calibration_path, resolve_device
 
 __all__ = ["CLUSTER_PRESETS", "cluster_preset", "cpu_cluster_calibration_path", "cpu_links"]
@@ -99,6 +105,19 @@ def cpu_measured_collectives() -> tuple[tuple[str, int, int, float], ...]:
     return ()
 
 
+def cpu_collective_cpu() -> tuple[tuple[str, int, int, float], ...]:
+    """The CPU per tensor-parallel collective that ``paratrain calibrate`` measured on this machine
+    (``collective_cpu`` in ``cpu-cluster.json``); empty when none (or nothing readable)."""
+    path = cpu_cluster_calibration_path()
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return measured_collective_rows(doc.get("collective_cpu", []), "collective_cpu")
+        except (OSError, ValueError, AttributeError, TypeError, ConfigError):
+            pass
+    return ()
+
+
 def cpu_cores() -> tuple[int, int]:
     """``(cores, threads per process)`` that ``paratrain calibrate`` recorded (``cores`` and
     ``threads`` in ``cpu-cluster.json``); ``(0, 1)`` (no sharing modelled) when it recorded no
@@ -134,6 +153,7 @@ def _cpu() -> ClusterSpec:
         tensor_parallel="dtensor",  # what `paratrain train` runs here
         cores_per_node=cores,
         threads_per_process=threads,
+        collective_cpu_s=cpu_collective_cpu(),
     )
 
 
