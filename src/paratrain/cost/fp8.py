@@ -1,5 +1,6 @@
 """FP8 linear layers: the bytes and kernels of the scaling and cast passes around each FP8 GEMM, and
-the rewrite of a layer's operator list that runs its linear GEMMs in FP8."""
+the rewrite of a layer's operator list that runs its linear GEMMs in FP8. What the FP8 layers keep
+for their backward is in :mod:`paratrain.cost.memory`."""
 
 from __future__ import annotations
 

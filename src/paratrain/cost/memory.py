@@ -25,6 +25,42 @@ Transformer Models", sec. 4: per layer, ``s·b·h·(34 + 5·a·s/h)`` bytes with
 With fused (flash) attention no ``s×s`` tensor is stored: the kernel keeps Q, K, V, its output
 and the fp32 log-sum-exp of each row (Dao et al. 2022, sec. 3.1), so a layer holds what selective
 recomputation holds plus ``4·b·(a/t)·s`` bytes — Korthikanti's selective recomputation comes free.
+
+Per-row statistics (a norm's mean and reciprocal standard deviation: ``4·s·b`` bytes, ``1/h`` of one
+activation) are left out, as Korthikanti leaves them out. The terms above are the fused kernels'
+(``fused=True``, the default): a fused norm keeps its input, a fused SwiGLU its two inputs. Eager
+PyTorch's composites (``fused=False``, as :mod:`paratrain.cost.elementwise` times them) keep more:
+
+- RMSNorm (``xf = x.float(); xf·rsqrt(mean(xf²) + ε)``, ``type_as``, ``·w``): ``pow`` and the
+  product keep the fp32 copy ``xf`` (4 bytes an element; ``x`` itself in fp32), ``·w`` keeps the
+  normalized tensor before the weight (``e`` bytes), and the input ``x`` is kept by nothing — 4
+  bytes an element more than the fused kernel, in any dtype (the final norm before the head too);
+- SwiGLU (``silu(gate)·up``): SiLU keeps the gate, the product keeps ``up`` and SiLU's output — one
+  ``e``-byte tensor of the FFN width more than the fused kernel, which recomputes SiLU;
+- rotary (``view_as_complex(x.float())·freqs``, ``type_as``): the complex product keeps only the
+  frequency table (the casts keep nothing), one buffer shared by every layer — nothing per layer.
+
+Checked by ``tests/cost/test_memory_eager_saved.py``: the composites run under
+``torch.autograd.graph.saved_tensors_hooks``, the distinct storages they save summed.
+
+FP8 linear layers (``gemm_dtype``, :mod:`paratrain.cost.fp8`) change what the four linear layers
+keep for their weight gradient, depending on who runs them:
+
+- torchao's ``Float8Linear`` run eagerly (``fused=False``) keeps the high-precision input: its
+  autograd function ``matmul_with_hp_or_float8_args`` calls ``ctx.save_for_backward(input_hp,
+  weight_hp_t)`` and casts the input to FP8 again in the backward (pytorch/ao,
+  ``torchao/float8/float8_linear.py``; its maintainers on pytorch/ao#1850: saving the FP8 input
+  instead is left to torch.compile) — activations are those of the training dtype;
+- Transformer Engine (``_Linear.forward`` saves the quantized ``inputmat``, column-wise data only:
+  NVIDIA/TransformerEngine, ``transformer_engine/pytorch/module/linear.py``) and torch.compile of
+  torchao (``fused=True``) keep the FP8 cast of the input, one byte an element (its per-tensor
+  scale is one float). A bf16 tensor another operator also keeps stays: with fused attention the
+  kernel keeps its output for its backward, so the projection keeps its FP8 copy beside it. The
+  inputs of QKV, of the MLP's first GEMM (the norms keep their own inputs) and of its second GEMM
+  shrink to one byte.
+
+Not modelled: the FP8 weight copies torchao saves per micro-batch unless
+``force_recompute_fp8_weight_in_bwd``, and Transformer Engine's cached FP8 weights.
 """
 
 from __future__ import annotations
@@ -34,9 +70,10 @@ from functools import lru_cache
 
 from paratrain.cost.compute import _check, dtype_bytes, kv_dim_per_rank
 from paratrain.cost.elementwise import uses_dropout
+from paratrain.cost.fp8 import FP8_GEMM_DTYPES
 from paratrain.errors import require_positive_int
 from paratrain.parallel.config import Recompute
-from paratrain.spec.model import Activation, ModelSpec
+from paratrain.spec.model import Activation, ModelSpec, Norm
 
 __all__ = [
     "StaticMemory",
@@ -47,9 +84,11 @@ __all__ = [
     "optimizer_bytes",
     "activation_terms",
     "activation_bytes_per_layer",
+    "norm_terms",
 ]
 
 _FP32 = 4
+_FP8 = 1
 _ADAM_MOMENTS = 2
 
 
@@ -102,10 +141,20 @@ def static_memory(params: int, dtype: str, *, dp: int = 1, optimizer_sharding: b
     )
 
 
+def norm_terms(name: str, model: ModelSpec, rows: int, e: int, *, fused: bool = True) -> list[tuple[str, int, bool]]:
+    """What a norm over ``rows`` tokens keeps for its backward (module docstring): its input; eager
+    RMSNorm the fp32 copy of its input and its normalized output before the weight instead."""
+    h = model.hidden
+    if model.norm is Norm.RMSNORM and not fused:
+        return [(f"{name} input in fp32", _FP32 * rows * h, False),
+                (f"{name} normalized (weight's input)", e * rows * h, False)]
+    return [(f"{name} input", e * rows * h, False)]
+
+
 @lru_cache(maxsize=4096)
 def activation_terms(
     model: ModelSpec, *, microbatch: int = 1, tp: int = 1, sequence_parallel: bool = False, dtype: str | None = None,
-    attention: str = "math",
+    attention: str = "math", fused: bool = True, gemm_dtype: str | None = None,
 ) -> tuple[tuple[str, int, bool], ...]:
     """Every tensor one layer stores for its backward, on one tensor-parallel rank.
 
@@ -113,7 +162,8 @@ def activation_terms(
     selective recomputation drops (Korthikanti et al. 2022, sec. 5). Tensors outside the
     tensor-parallel regions (layer norm inputs, the inputs of QKV and of the first MLP GEMM,
     dropout masks after the row-parallel GEMMs) are replicated over ``t`` ranks unless sequence
-    parallelism shards them along the sequence.
+    parallelism shards them along the sequence. ``fused=False``: eager PyTorch's element-wise
+    composites; ``gemm_dtype``: FP8 linear layers (both in the module docstring).
     """
     _check(model, tp, sequence_parallel, microbatch)
     e = dtype_bytes(dtype or model.dtype)
@@ -125,26 +175,34 @@ def activation_terms(
     mask = 1  # byte per dropout-mask element
     scores = heads_r * s * s * b
     flash = attention == "flash"
-    terms: list[tuple[str, int, bool]] = [
-        ("ln_1 input", e * rep * h, False),
-        ("qkv input", e * rep * h, False),
+    # Bytes per element of a linear layer's saved input: its FP8 cast where Transformer Engine or
+    # torch.compile keep it, the training dtype where eager torchao keeps the input itself.
+    lin = _FP8 if gemm_dtype in FP8_GEMM_DTYPES and fused else e
+    terms: list[tuple[str, int, bool]] = norm_terms("ln_1", model, rep, e, fused=fused)
+    terms += [
+        ("qkv input", lin * rep * h, False),
         ("Q", e * sb * (h // t), False),
         ("K", e * sb * kv_r, False),
         ("attention log-sum-exp", _FP32 * b * heads_r * s, False) if flash else ("softmax output", e * scores, True),
     ]
     if drop and not flash:
         terms += [("attention dropout mask", mask * scores, True), ("attention dropout output", e * scores, True)]
-    terms += [
-        ("V", e * sb * kv_r, False),
-        ("projection input", e * sb * (h // t), False),
-    ]
+    terms.append(("V", e * sb * kv_r, False))
+    if flash and lin != e:  # the attention kernel keeps its output; the projection keeps its FP8 cast
+        terms += [("attention output", e * sb * (h // t), False), ("projection input", lin * sb * (h // t), False)]
+    else:
+        terms.append(("projection input", lin * sb * (h // t), False))
     if drop:
         terms.append(("attention residual dropout mask", mask * rep * h, False))
-    terms += [("ln_2 input", e * rep * h, False), ("fc1 input", e * rep * h, False)]
+    terms += norm_terms("ln_2", model, rep, e, fused=fused)
+    terms.append(("fc1 input", lin * rep * h, False))
     if model.activation is Activation.SWIGLU:
-        terms += [("gate and up (activation input)", e * sb * 2 * f_r, False), ("fc2 input", e * sb * f_r, False)]
+        terms.append(("gate and up (activation input)", e * sb * 2 * f_r, False))
+        if not fused:
+            terms.append(("SiLU output (product's input)", e * sb * f_r, False))
+        terms.append(("fc2 input", lin * sb * f_r, False))
     else:
-        terms += [("activation input", e * sb * f_r, False), ("fc2 input", e * sb * f_r, False)]
+        terms += [("activation input", e * sb * f_r, False), ("fc2 input", lin * sb * f_r, False)]
     if drop:
         terms.append(("MLP residual dropout mask", mask * rep * h, False))
     return tuple(terms)
@@ -159,12 +217,15 @@ def activation_bytes_per_layer(
     recompute: Recompute | str = Recompute.NONE,
     dtype: str | None = None,
     attention: str = "math",
+    fused: bool = True,
+    gemm_dtype: str | None = None,
 ) -> int:
     """Bytes one layer holds per in-flight micro-batch between its forward and its backward.
 
     ``full`` keeps only the layer input (``2sbh``; ``/t`` under sequence parallelism); the
     recomputed activations exist only while that one layer runs its backward. ``attention``:
-    ``"math"`` or ``"flash"`` (no ``s×s`` tensors).
+    ``"math"`` or ``"flash"`` (no ``s×s`` tensors); ``fused``, ``gemm_dtype``: see
+    :func:`activation_terms`.
     """
     rc = Recompute(str(recompute))
     if rc is Recompute.FULL:
@@ -172,7 +233,8 @@ def activation_bytes_per_layer(
         rows = model.seq * microbatch // (tp if sequence_parallel else 1)
         return dtype_bytes(dtype or model.dtype) * rows * model.hidden
     terms = activation_terms(
-        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype, attention=attention
+        model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype, attention=attention,
+        fused=fused, gemm_dtype=gemm_dtype,
     )
     if rc is Recompute.SELECTIVE:
         return sum(n for _, n, core in terms if not core)

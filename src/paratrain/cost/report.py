@@ -196,7 +196,8 @@ def cost_report(
         recompute_s=chunk.recompute_s,
         tp_comm_s=chunk.tp_comm_s,
         activation_bytes_per_layer=activation_bytes_per_layer(
-            model, microbatch=microbatch, tp=tp, sequence_parallel=sp, recompute=rc, dtype=dt, attention=attention
+            model, microbatch=microbatch, tp=tp, sequence_parallel=sp, recompute=rc, dtype=dt, attention=attention,
+            fused=fused, gemm_dtype=config.gemm_dtype,
         ),
         activation_bytes=chunk.activation_bytes,
         weight_bytes=chunk.weight_bytes,

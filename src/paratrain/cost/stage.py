@@ -26,7 +26,7 @@ from paratrain.cost.compute import (
 from paratrain.cost.context_parallel import kv_block_bytes, local_model, ring_exposed_s, ring_neighbours
 from paratrain.cost.dp_reduction import default_overlap_slowdown
 from paratrain.cost.elementwise import uses_dropout
-from paratrain.cost.memory import activation_bytes_per_layer, grad_dtype_bytes, optimizer_bytes
+from paratrain.cost.memory import activation_bytes_per_layer, grad_dtype_bytes, norm_terms, optimizer_bytes
 from paratrain.cost.op import Op
 from paratrain.cost.sharding import (
     ShardedUnit,
@@ -114,7 +114,7 @@ def layer_cost(
                      attention=attention, gemm_dtype=gemm_dtype)
     act = activation_bytes_per_layer(
         model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype,
-        attention=attention,
+        attention=attention, fused=fused, gemm_dtype=gemm_dtype,
     )
     return _sum_ops(ops, device, dtype, act, cp)
 
@@ -140,8 +140,9 @@ def _end_cost(
     vocab_r = -(-model.vocab // tp)
     if model.arch is Arch.BERT:
         act = 4 * e * tokens * h + 4 * tokens * vocab_r
-    else:
-        act = 2 * e * rows * h + 4 * tokens * vocab_r
+    else:  # the final norm's saved tensors (eager RMSNorm's fp32 copy), the LM head's input, the softmax
+        final_norm = sum(n for _, n, _ in norm_terms("final norm", model, rows, e, fused=fused))
+        act = final_norm + e * rows * h + 4 * tokens * vocab_r
     return _sum_ops(ops, device, dtype, act)
 
 
@@ -312,7 +313,7 @@ def _bundle(
         p2p_bytes=mb * model.seq * model.hidden * e // (tp if sp else 1), dtype_bytes=e,
         transient_bytes=activation_bytes_per_layer(
             model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype,
-            attention=attention,
+            attention=attention, fused=fused, gemm_dtype=gemm_dtype,
         ) - layer.activation_bytes + cp_buffer,
         optimizer_bytes_per_param=optimizer_bytes(1, dtype), cp_comm=cp_comm, cp_buffer_bytes=cp_buffer,
     )
