@@ -27,7 +27,8 @@ every measured step of one was faster than every step of the other (:func:`order
 line counts how many of those pairs the prediction orders the same way. The strict verdict is the
 target; the second line says whether the predicted ranking errs only between layouts that the
 measurement itself cannot order.
-Meaningful only on an otherwise idle machine: four processes share its cores.
+Meaningful only on an otherwise idle machine: four processes share its cores. The last line says
+whether it was (:class:`LoadWatch`: the core-seconds other jobs and the hypervisor took meanwhile).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     out = Path(a.out)
+    rates = [_gemm_rate()]
     for name in a.layouts.split(","):
         train = TrainConfig(steps=a.steps, data="synthetic", metrics=str(out / f"{name}.jsonl"), progress=False,
                             log_every=a.steps)
@@ -93,7 +95,36 @@ def worker(a: argparse.Namespace) -> None:
         with MetricsWriter(train.metrics, ctx.rank) as writer:
             trainer.run(writer)
         torch.distributed.barrier()
+    rates.append(_gemm_rate())
+    (out / f"gemm-{torch.distributed.get_rank()}.json").write_text(json.dumps(rates))
     torch.distributed.destroy_process_group()
+
+
+def _gemm_rate(seconds: float = 1.0) -> float:
+    """FLOP/s of back-to-back fp32 512x512x512 GEMMs on this process for ``seconds`` (every process
+    at once, as ``paratrain calibrate`` measures its GEMM rate): the host's speed at that moment."""
+    import torch
+
+    x, y = torch.randn(512, 512), torch.randn(512, 512)
+    x @ y
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x @ y
+        n += 1
+    return 2 * 512**3 * n / (time.perf_counter() - t0)
+
+
+def host_drift(calibrated_per_core: float, rates: list[list[float]], cores_share: float) -> str:
+    """How fast the host ran GEMMs before and after training, per core, against the calibration's
+    per-core rate: a host whose speed moved between the calibration and the runs (another virtual
+    machine on the same cores, frequency scaling: neither shows inside this one) makes the
+    comparison meaningless however good the model is."""
+    before = statistics.fmean(r[0] for r in rates) / cores_share
+    after = statistics.fmean(r[-1] for r in rates) / cores_share
+    return (f"host speed (fp32 GEMM per core, every process at once): calibration (its best size) "
+            f"{calibrated_per_core / 1e9:.1f}, before the runs {before / 1e9:.1f}, after them {after / 1e9:.1f} "
+            f"GFLOP/s "
+            f"({before / calibrated_per_core - 1:+.0%} and {after / calibrated_per_core - 1:+.0%})")
 
 
 def _step_times(path: Path) -> list[float]:
@@ -175,6 +206,52 @@ def model_argv(a: argparse.Namespace) -> list[str]:
     return [f"--{name}={getattr(a, name.replace('-', '_'))}" for name, _ in MODEL_FLAGS]
 
 
+def _cpu_seconds() -> tuple[float, float, float]:
+    """``(busy, stolen, elapsed)`` core-seconds of the whole machine so far (``/proc/stat``'s first
+    line: user, nice, system, irq, softirq busy; steal: time the hypervisor ran something else on
+    our virtual cores); zeros where there is no ``/proc/stat``."""
+    try:
+        fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+    busy = user + nice + system + irq + softirq
+    return busy / tick, steal / tick, (busy + idle + iowait + steal) / tick
+
+
+class LoadWatch:
+    """Who used the machine's cores while the bench ran: the machine's busy core-seconds
+    (``/proc/stat``) less those of the bench's own processes (``os.times`` of its children, every
+    thread) are other jobs'; ``steal`` is the hypervisor's. More than ``OTHERS`` of the available
+    core-seconds taken by either means the figures describe a shared machine."""
+
+    OTHERS = 0.05
+
+    def __enter__(self) -> LoadWatch:
+        self._cpu0, self._own0 = _cpu_seconds(), os.times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy1, steal1, total1 = _cpu_seconds()
+        busy0, steal0, total0 = self._cpu0
+        t = os.times()
+        own = (t.children_user + t.children_system + t.user + t.system
+               - self._own0.children_user - self._own0.children_system - self._own0.user - self._own0.system)
+        self.total_s = total1 - total0
+        self.own_s, self.stolen_s = own, steal1 - steal0
+        self.others_s = max(0.0, busy1 - busy0 - own)
+
+    def verdict(self) -> str:
+        if not self.total_s:
+            return "machine use: not known (no /proc/stat)"
+        share = max(self.others_s, self.stolen_s) / self.total_s
+        return (f"machine use: {self.total_s:.0f} core-s available, the bench's processes {self.own_s:.0f}, other jobs "
+                f"{self.others_s:.0f}, stolen by the hypervisor {self.stolen_s:.0f}"
+                + ("; THE MACHINE WAS SHARED: the figures describe a loaded machine" if share > self.OTHERS
+                   else "; otherwise idle"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calibration", help="PARATRAIN_CACHE directory with cpu.json and cpu-cluster.json "
@@ -200,7 +277,7 @@ def main() -> None:
         return
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with tempfile.TemporaryDirectory(prefix="bench-layouts-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="bench-layouts-") as tmp_name, LoadWatch() as load:
         tmp = Path(tmp_name)
         cache = Path(a.calibration) if a.calibration else tmp / "cache"
         t0 = time.perf_counter()
@@ -225,6 +302,7 @@ def main() -> None:
         from paratrain.spec.cluster import resolve_cluster
 
         cluster = resolve_cluster("cpu", "--cluster", gpus=4)  # read while the calibration exists
+        gemm = [json.loads(f.read_text()) for f in sorted(tmp.glob("gemm-*.json"))]
     predicted = _predicted(a, cluster, names)
     print(f"{_describe(cluster)} ({t1 - t0:.0f} s); runs {t2 - t1:.0f} s")
     pr, mr = _ranks(predicted), _ranks(measured)
@@ -246,6 +324,9 @@ def main() -> None:
     print(f"up to ties within the measured noise (two layouts are ranked only when every step of one was faster "
           f"than every step of the other): {agree} of the {pairs} pairs the measurement orders are predicted in "
           f"that order; ranking {'equals' if agree == pairs else 'differs from'} the measured one up to ties")
+    print(load.verdict())
+    share = min(1.0, cluster.cores_per_node / 4) if cluster.cores_per_node else 1.0
+    print(host_drift(cluster.device.peak_fp32_flops, gemm, share))
 
 
 if __name__ == "__main__":
