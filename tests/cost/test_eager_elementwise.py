@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.cost.eager_composites import rmsnorm, rotary, swiglu
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -51,20 +52,6 @@ def _count(fn, inputs: list[torch.Tensor], n: int) -> tuple[KernelCount, KernelC
     return fwd, bwd
 
 
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    xf = x.float()  # torchtitan's RMSNorm / Hugging Face's LlamaRMSNorm
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * w
-
-
-def _rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # torchtitan's apply_rotary_emb
-    return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
-
-
-def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate) * up
-
-
 def _op(name: str, dtype: str, fused: bool):  # noqa: ANN202
     ops = layer_ops(preset("llama3-8b"), microbatch=1, dtype=dtype, attention="flash", fused=fused)
     return next(o for o in ops if o.name == name)
@@ -83,7 +70,7 @@ def test_eager_rmsnorm_bytes_and_kernels_are_what_autograd_runs(dtype: str) -> N
     t, h = 64, 32
     x = torch.randn(t, h, dtype=tdt, requires_grad=True)
     w = torch.randn(h, dtype=tdt, requires_grad=True)
-    fwd, bwd = _count(_rmsnorm, [x, w], t * h)
+    fwd, bwd = _count(rmsnorm, [x, w], t * h)
     op, n = _op("ln_1", dtype, fused=False), _elements("ln_1")
     assert op.fwd_bytes / n == pytest.approx((fwd.read + fwd.written) / (t * h))
     assert op.bwd_bytes / n == pytest.approx((bwd.read + bwd.written) / (t * h))
@@ -101,7 +88,7 @@ def test_eager_rotary_bytes_and_kernels_are_what_autograd_runs(dtype: str) -> No
     t, heads, d = 64, 4, 8
     x = torch.randn(t, heads, d, dtype=tdt, requires_grad=True)
     freqs = torch.polar(torch.ones(t, 1, d // 2), torch.randn(t, 1, d // 2))
-    fwd, bwd = _count(_rotary, [x, freqs], t * heads * d)
+    fwd, bwd = _count(rotary, [x, freqs], t * heads * d)
     op, n = _op("rotary", dtype, fused=False), _elements("rotary")
     assert op.fwd_bytes / n == pytest.approx((fwd.read + fwd.written) / (t * heads * d))
     assert op.bwd_bytes / n == pytest.approx((bwd.read + bwd.written) / (t * heads * d))
@@ -115,7 +102,7 @@ def test_eager_swiglu_is_silu_then_product() -> None:
     t, f = 64, 32
     gate = torch.randn(t, f, dtype=torch.bfloat16, requires_grad=True)
     up = torch.randn(t, f, dtype=torch.bfloat16, requires_grad=True)
-    fwd, bwd = _count(_swiglu, [gate, up], t * f)
+    fwd, bwd = _count(swiglu, [gate, up], t * f)
     op, n = _op("swiglu", "bf16", fused=False), _elements("swiglu")
     assert op.fwd_bytes / n == pytest.approx((fwd.read + fwd.written) / (t * f))
     assert op.bwd_bytes / n == pytest.approx((bwd.read + bwd.written) / (t * f))

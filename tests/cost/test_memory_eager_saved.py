@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from tests.cost.eager_composites import rmsnorm, rotary
 
 from paratrain.cost.memory import activation_bytes_per_layer, activation_terms
 from paratrain.spec.model import preset
@@ -46,23 +47,13 @@ def _terms(dtype: str, *, fused: bool, **kw: object) -> dict[str, int]:
     return {name: n for name, n, _ in activation_terms(TINY, dtype=dtype, attention="flash", fused=fused, **kw)}
 
 
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    xf = x.float()  # torchtitan's RMSNorm / Hugging Face's LlamaRMSNorm
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * w
-
-
-def _rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # torchtitan's apply_rotary_emb
-    return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_eager_rmsnorm_then_qkv_keeps_what_the_model_counts(dtype: str) -> None:
     tdt = _TORCH[dtype]
     x = torch.randn(TOKENS, H, dtype=tdt, requires_grad=True)
     w = torch.randn(H, dtype=tdt, requires_grad=True)
     wqkv = torch.randn(H, H + 2 * TINY.kv_dim, dtype=tdt, requires_grad=True)
-    saved = _saved_storages(lambda a: _rmsnorm(a, w) @ wqkv, [x], [w, wqkv])
+    saved = _saved_storages(lambda a: rmsnorm(a, w) @ wqkv, [x], [w, wqkv])
     terms = _terms(dtype, fused=False)
     model = terms["ln_1 input in fp32"] + terms["ln_1 normalized (weight's input)"] + terms["qkv input"]
     assert _activation_sized(saved, TOKENS) == model
@@ -106,8 +97,8 @@ def test_eager_rotary_keeps_only_the_shared_frequency_table(dtype: str) -> None:
     heads, d = TINY.heads, TINY.head_dim
     x = torch.randn(TOKENS, heads, d, dtype=tdt, requires_grad=True)
     freqs = torch.polar(torch.ones(TOKENS, 1, d // 2), torch.randn(TOKENS, 1, d // 2))
-    assert _saved_storages(_rotary, [x, freqs], [freqs]) == []
-    assert len(_saved_storages(_rotary, [x, freqs], [])) == 1  # the table, one buffer for every layer
+    assert _saved_storages(rotary, [x, freqs], [freqs]) == []
+    assert len(_saved_storages(rotary, [x, freqs], [])) == 1  # the table, one buffer for every layer
     assert not any("rotary" in name for name in _terms(dtype, fused=False))
 
 
