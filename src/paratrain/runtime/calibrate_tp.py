@@ -123,7 +123,8 @@ def measure_tp_collectives(
                 cpus.append((kind, g, nbytes, cpu))
         small = next(c for kind, gg, nb, c in cpus if (kind, gg, nb) == ("all_reduce", g, _TP_BYTES[0]))
         excess = max(0.0, _block_cpu_per_collective(mesh, mesh1) - small)
-        cpus[-3 * len(_TP_BYTES):] = [(kind, gg, nb, c + excess) for kind, gg, nb, c in cpus[-3 * len(_TP_BYTES):]]
+        rows = len(moves) * len(_TP_BYTES)  # this group size's
+        cpus[-rows:] = [(kind, gg, nb, c + excess) for kind, gg, nb, c in cpus[-rows:]]
     sums = torch.tensor([r[3] for r in times] + [r[3] for r in cpus], dtype=torch.float64)
     dist.all_reduce(sums)
     t, c = sums[:len(times)].tolist(), sums[len(times):].tolist()

@@ -92,30 +92,29 @@ def cpu_links() -> LinkSpec | None:
     return None
 
 
-def cpu_measured_collectives() -> tuple[tuple[str, int, int, float], ...]:
-    """The tensor-parallel collectives ``paratrain calibrate`` timed on this machine
-    (``measured_collectives`` in ``cpu-cluster.json``); empty when none (or nothing readable)."""
+def _calibrated_rows(key: str) -> tuple[tuple[str, int, int, float], ...]:
+    """Rows ``(kind, group size, bytes, seconds)`` under ``key`` in ``cpu-cluster.json``; empty
+    when the file or the key is missing, or the rows cannot be read."""
     path = cpu_cluster_calibration_path()
     if path.is_file():
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-            return measured_collective_rows(doc.get("measured_collectives", []))
+            return measured_collective_rows(doc.get(key, []), key)
         except (OSError, ValueError, AttributeError, TypeError, ConfigError):
             pass
     return ()
+
+
+def cpu_measured_collectives() -> tuple[tuple[str, int, int, float], ...]:
+    """The tensor-parallel collectives ``paratrain calibrate`` timed on this machine
+    (``measured_collectives`` in ``cpu-cluster.json``); empty when none (or nothing readable)."""
+    return _calibrated_rows("measured_collectives")
 
 
 def cpu_collective_cpu() -> tuple[tuple[str, int, int, float], ...]:
     """The CPU per tensor-parallel collective that ``paratrain calibrate`` measured on this machine
     (``collective_cpu`` in ``cpu-cluster.json``); empty when none (or nothing readable)."""
-    path = cpu_cluster_calibration_path()
-    if path.is_file():
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-            return measured_collective_rows(doc.get("collective_cpu", []), "collective_cpu")
-        except (OSError, ValueError, AttributeError, TypeError, ConfigError):
-            pass
-    return ()
+    return _calibrated_rows("collective_cpu")
 
 
 def cpu_cores() -> tuple[int, int]:
