@@ -234,7 +234,12 @@ BAD = [
     ("contradicting-flags", [*SIM, "--sharding", "zero3", "--no-optimizer-sharding"], "--sharding"),
     ("plan-unknown-level", ["plan", "--model", "gpt-tiny", "--gpus", "4", "--global-batch", "8", "--sharding", "z"],
      "sharding"),
-    ("train-zero1", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1"], "zero1"),
+    ("train-zero1-fsdp", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1",
+                          "--dp-impl", "fsdp"], "--dp-impl paratrain"),
+    ("train-zero1-chimera", ["train", "--model", "gpt-tiny", "--dp", "2", "--pp", "2", "--nproc", "4",
+                             "--sharding", "zero1", "--schedule", "chimera"], "chimera"),
+    ("train-zero1-checkpoint", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1",
+                                "--checkpoint-dir", "ck"], "--checkpoint-dir"),
     ("train-zero3-paratrain-dp", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero3",
                                   "--dp-impl", "paratrain"], "--dp-impl"),
 ]

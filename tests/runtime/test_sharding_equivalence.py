@@ -21,20 +21,28 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 HARNESS = Path(__file__).with_name("layout_harness.py")
 STEPS, GLOBAL_BATCH, MICROBATCH = 3, 8, 1
 TRAIN = {"steps": STEPS, "seed": 5, "lr": 3e-3, "timeout_s": 120}
+MODEL = {"preset": "gpt-tiny", "layers": 4}  # 4 blocks: 2 chunks on each of 2 pipeline ranks
 RTOL = 1e-9  # float64: the layouts differ only in the order of sums
 KEY_BIAS_NOISE = 1e-6  # the key bias has no gradient (softmax is shift invariant): Adam moves it on noise
 LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "single": ({}, {}),
     "zero2-dp4": ({"dp": 4, "sharding": "zero2"}, {"dp_impl": "fsdp"}),  # 2 micro-batches per replica
     "zero3-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "fsdp"}, {"dp_impl": "fsdp"}),  # 4 micro-batches
+    # zero1: paratrain's distributed optimizer, whole model and per pipeline chunk
+    "zero1-dp4": ({"dp": 4, "sharding": "zero1"}, {}),
+    "zero1-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "zero1"}, {}),
+    "zero1-dp2-pp2": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "1f1b"}, {}),
+    "zero1-dp2-pp2-interleaved": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "interleaved",
+                                   "virtual_stages": 2}, {}),
+    "zero1-dp2-pp2-zb": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "zb-h1"}, {}),  # split backward
 }
 
 
 def _launch(out: Path, nproc: int) -> None:
-    runs = [{"name": name, "model": "gpt-tiny", "fp64": True, "train": {**TRAIN, **extra},
+    runs = [{"name": name, "model": MODEL, "fp64": True, "train": {**TRAIN, **extra},
              "parallel": {"global_batch": GLOBAL_BATCH, "microbatch": MICROBATCH, **layout}}
             for name, (layout, extra) in LAYOUTS.items()
-            if layout.get("dp", 1) * layout.get("tp", 1) == nproc]
+            if layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1) == nproc]
     spec = out / f"runs{nproc}.json"
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
@@ -58,7 +66,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return every
 
 
-@pytest.mark.parametrize("name", ["zero2-dp4", "zero3-dp2-tp2"])
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "single"])
 def test_sharded_layout_trains_like_one_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     run, ref = runs[name], runs["single"]
     assert len(run["losses"]) == STEPS

@@ -260,12 +260,11 @@ def train(
     check_context_parallel(pcfg)  # before anything else is checked or started: the runtime has no ring attention
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
-    impl = dp_impl or ("fsdp" if pcfg.optimizer_sharding else "paratrain")
-    if pcfg.optimizer_sharding and impl != "fsdp":
-        raise ConfigError("--dp-impl", f"{impl} does not shard optimizer state", "use --dp-impl fsdp")
-    if pcfg.sharding == "zero1":  # before any worker starts (runtime.train.validate_run says the same)
-        raise ConfigError("--sharding", "zero1 (optimizer state only) is planned and simulated, not run",
-                          "use --sharding zero2 (FSDP2, gradients sharded too) or zero3")
+    # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2 (runtime.config.check_sharding)
+    impl = dp_impl or ("fsdp" if pcfg.sharding in ("zero2", "zero3") else "paratrain")
+    if pcfg.sharding in ("zero2", "zero3") and impl != "fsdp":
+        raise ConfigError("--dp-impl", f"{impl} does not shard parameters and gradients (--sharding "
+                          f"{pcfg.sharding})", "use --dp-impl fsdp")
     if nproc is not None and nproc < 1:
         raise ConfigError("--nproc", f"must be at least 1, got {nproc}",
                           f"use --nproc {pcfg.world_size} (dp*tp*pp) or leave it out under torchrun")

@@ -16,7 +16,7 @@ from paratrain.spec.model import ModelSpec
 
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
            "check_context_parallel", "check_model_layout", "check_task", "check_compression", "check_checkpointing",
-           "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac"]
+           "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac", "check_sharding"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
@@ -322,6 +322,28 @@ def check_outputs(train: TrainConfig) -> None:
             store.resume_checkpoint(train.checkpoint_dir)
         else:
             store.check_fresh_dir(train.checkpoint_dir)
+
+
+def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
+    """Which data-parallel implementation runs each ``--sharding`` level: zero1 is paratrain's
+    distributed optimizer (runtime/zero.py), zero2 / zero3 are FSDP2 (``--dp-impl fsdp``, pp 1)."""
+    if config.sharding == "zero1":
+        if train.dp_impl != "paratrain":
+            raise ConfigError("--dp-impl", f"{train.dp_impl} does not run --sharding zero1 (paratrain's distributed "
+                              "optimizer does)", "use --dp-impl paratrain (the default) with --sharding zero1")
+        for flag, used, what in (("--compress", config.compression != "none", "gradient compression"),
+                                 ("--optimizer", train.optimizer == "kfac", "K-FAC"),
+                                 ("--checkpoint-dir", train.checkpoint_dir is not None, "checkpointing"),
+                                 ("--task", train.task != "gpt", "the image task")):
+            if used and config.dp > 1:
+                raise ConfigError(flag, f"{what} is not wired into --sharding zero1 (the sharded optimizer state)",
+                                  "use --sharding none, or zero2/zero3 with --dp-impl fsdp")
+        if config.pp > 1 and config.dp > 1 and (config.schedule.is_async or config.schedule.value == "chimera"):
+            raise ConfigError("--sharding", f"zero1 does not run the {config.schedule} schedule (its weight "
+                              "versions or replicas step apart)", "use gpipe, 1f1b, interleaved or zb-h1")
+    elif config.sharding != "none" and train.dp_impl != "fsdp":
+        raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
+                          "use --dp-impl fsdp")
 
 
 def check_checkpointing(config: ParallelConfig, train: TrainConfig) -> None:

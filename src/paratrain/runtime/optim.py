@@ -87,10 +87,12 @@ class Optimizer:
     kernels, whose results do not depend on how parameters are grouped across ranks.
     """
 
-    def __init__(self, params: list[nn.Parameter], train: TrainConfig) -> None:
+    def __init__(self, params: list[torch.Tensor], train: TrainConfig, *, decay: list[bool] | None = None) -> None:
+        """``decay``: which of ``params`` take weight decay (default: the matrices, ``dim() >= 2``)."""
         self.params, self.train = params, train
-        decay = [p for p in params if p.dim() >= 2]
-        rest = [p for p in params if p.dim() < 2]
+        flags = [p.dim() >= 2 for p in params] if decay is None else decay
+        decay = [p for p, d in zip(params, flags, strict=True) if d]
+        rest = [p for p, d in zip(params, flags, strict=True) if not d]
         groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         self.inner: torch.optim.Optimizer
         if train.optimizer == "sgd":

@@ -74,6 +74,7 @@ from .models import TransformerLM
 from .optim import Optimizer, grad_norm_sq
 from .pipeline_engine import ActionSpan, LocalChunk, PipelineEngine, accumulation_count
 from .tensor_parallel import loss_context
+from .zero import ShardedOptimizer
 
 __all__ = ["ChunkLayout", "PipelineExecutor", "PipelineGroups", "check_same_schedule", "cut_model", "make_groups",
            "schedule_for", "validate_pipeline"]
@@ -384,6 +385,9 @@ class PipelineExecutor:
         if self.config.compression != "none":
             self._compressed_reduce(chunk, group)
             return
+        if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the chunk's reduce-scatter
+            self.optimizer.reduce(self.optimizer.unit_of(list(chunk.params.values())))
+            return
         grads = []
         for p in chunk.params.values():
             if p.grad is None:
@@ -432,6 +436,11 @@ class PipelineExecutor:
                     g.copy_(flat[offset: offset + g.numel()].view_as(g))
                     offset += g.numel()
         self._pending.clear()
+        if isinstance(self.optimizer, ShardedOptimizer):
+            start = time.perf_counter()
+            self.optimizer.finish()
+            if self.engine.record:
+                self.engine.spans.append(ActionSpan("R.wait", "reduce", start, time.perf_counter(), None))
         self._reduce_tied()
 
     def _copies(self) -> dict[str, list[tuple[int, nn.Parameter]]]:
@@ -454,6 +463,11 @@ class PipelineExecutor:
                 continue
             mine = copies[name]
             first = next(p for rep, p in mine if rep == 0)
+            if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the copies' slices, alike on both holders
+                total = self.optimizer.shard_grad(first)
+                assert total is not None
+                comm.all_reduce(total, group, axis="pp", purpose="tied_grad")
+                continue
             if first.grad is None:
                 first.grad = torch.zeros_like(first)
             total = local_tensor(first.grad).clone()
@@ -474,6 +488,8 @@ class PipelineExecutor:
             if not self.is_async and self.layout.tie_owner.get(name, self.pp_rank) != self.pp_rank:
                 continue
             counted.append(p)
+        if isinstance(self.optimizer, ShardedOptimizer):
+            return self.optimizer.grad_norm_sq(counted)
         return grad_norm_sq(counted, self.ctx)
 
     def optimizer_step(self, index: int) -> None:

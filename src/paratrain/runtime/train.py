@@ -52,12 +52,13 @@ from .config import (
     check_host_memory,
     check_kfac,
     check_outputs,
+    check_sharding,
     check_sinks,
     check_task,
 )
 from .data import Batch
 from .data.tokenized import run_data_sources
-from .data_parallel import wrap_data_parallel
+from .data_parallel import GradSync, wrap_data_parallel
 from .eval import Evaluator
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
 from .kfac import KfacOptimizer, load_filled, make_optimizer
@@ -69,6 +70,7 @@ from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_gro
 from .progress import StepConsole
 from .sinks import open_sinks
 from .tensor_parallel import apply_tensor_parallel
+from .zero import ShardedOptimizer
 
 __all__ = ["TrainConfig", "Trainer", "StepExecutor", "StepOutput", "SingleStageExecutor", "lr_at",
            "global_grad_norm", "validate_run", "check_outputs", "check_host_memory",
@@ -93,13 +95,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
                           "give a file or directory, 'stdlib' or 'synthetic'")
     if train.dp_impl == "fsdp" and config.pp > 1:
         raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
-    if config.sharding == "zero1":
-        # FSDP2 shards gradients with the optimizer state: the runtime has no optimizer-only sharding
-        raise ConfigError("--sharding", "zero1 (optimizer state only) is planned and simulated, not run",
-                          "use --sharding zero2 (FSDP2, gradients sharded too) or zero3")
-    if config.sharding != "none" and train.dp_impl != "fsdp":
-        raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
-                          "use --dp-impl fsdp")
+    check_sharding(config, train)
     check_compression(config, train)
     check_kfac(config, train)
     check_checkpointing(config, train)
@@ -160,11 +156,17 @@ class Trainer:
             # gradient hooks tensor parallelism registers on them.
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
-            part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
-                                                 recorder=self.tracer, compress_warmup=train.compress_warmup,
-                                                 dgc=dgc_settings(train))
-            self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
-                                            [(0, 0, part, ctx.group("dp") if self.config.dp > 1 else None)])
+            grad_sync: GradSync
+            if self._zero1():  # the distributed optimizer reduces the gradients itself (runtime/zero.py)
+                self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.group("dp"))], train, ctx,
+                                                  recorder=self.tracer)
+                grad_sync = self.optimizer
+            else:
+                part, grad_sync = wrap_data_parallel(part, ctx, train.dp_impl, bucket_bytes=train.bucket_bytes,
+                                                     recorder=self.tracer, compress_warmup=train.compress_warmup,
+                                                     dgc=dgc_settings(train))
+                self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
+                                                [(0, 0, part, ctx.group("dp") if self.config.dp > 1 else None)])
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
                                                 phase=self.phase, autocast=self.autocast)
         else:
@@ -175,9 +177,14 @@ class Trainer:
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=False)
                      for m in layout.modules]
             filled = load_filled(train, ctx)  # --fill-bubbles: the schedule's iterations with K-FAC fillers
-            self.optimizer = make_optimizer(_trainable(parts), train, ctx, self.config.global_batch * spec.seq,
-                                            [(c, rep, m, groups.reduce.get(c))
-                                             for (c, rep), m in zip(layout.held, parts, strict=True)], filled)
+            if self._zero1():  # one unit per chunk, reduced at the chunk's R action
+                self.optimizer = ShardedOptimizer(
+                    [([p for p in m.parameters() if p.requires_grad], groups.reduce[c])
+                     for (c, _), m in zip(layout.held, parts, strict=True)], train, ctx)
+            else:
+                self.optimizer = make_optimizer(_trainable(parts), train, ctx, self.config.global_batch * spec.seq,
+                                                [(c, rep, m, groups.reduce.get(c))
+                                                 for (c, rep), m in zip(layout.held, parts, strict=True)], filled)
             self.executor = PipelineExecutor(ctx, spec, train, self.schedule, layout, parts, groups, self.optimizer,
                                              self._batch, tracer=self.tracer, phase=self.phase,
                                              autocast=self.autocast)
@@ -199,6 +206,10 @@ class Trainer:
             # PipeDream / 2BW: drain where an evaluation is due, so the weights are one state there
             self.executor.drain_at = self.evaluator.next_boundary
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
+
+    def _zero1(self) -> bool:
+        """``--sharding zero1`` with more than one data-parallel rank (one rank has nothing to shard)."""
+        return self.config.sharding == "zero1" and self.config.dp > 1
 
     def _batch(self, step: int) -> Batch:
         return self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)
@@ -249,7 +260,9 @@ class Trainer:
         if grad_norm is None:  # the executor left the update to the loop
             self.phase.name = f"step {step} gradient clipping"
             with self.tracer.span("X:clip"):
-                grad_norm = self.optimizer.clip(global_grad_norm(self.params, self.ctx))
+                norm = (self.optimizer.global_norm() if isinstance(self.optimizer, ShardedOptimizer)
+                        else global_grad_norm(self.params, self.ctx))
+                grad_norm = self.optimizer.clip(norm)
             self.phase.name = f"step {step} optimizer"
             with self.tracer.span("U"):
                 self.optimizer.step()
@@ -327,12 +340,19 @@ class Trainer:
                 "microbatches": s.microbatches if s is not None else c.num_microbatches,
                 "iterations": s.iterations if s is not None else 1, "steps": self.train.steps}
 
+    def _sharding_words(self) -> str:
+        level = self.config.sharding
+        if level == "none" or self.config.dp == 1:
+            return ""
+        return ", zero1: optimizer state sharded" if level == "zero1" else f", {level}"
+
     def describe(self) -> str:
         c, ctx, data = self.config, self.ctx, self.data
         if self.train.task == "image":
             return data.describe(self.executor.model, c, ctx, self.train.dp_impl)
         return (f"{self.spec.name}: {self.spec.param_count():,} parameters, dp={c.dp} tp={c.tp} pp={c.pp} "
-                f"({self.train.dp_impl} data parallel) on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
+                f"({self.train.dp_impl} data parallel{self._sharding_words()}) "
+                f"on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
                 f"global batch {c.global_batch} = {c.num_microbatches} micro-batches of {c.microbatch} per replica, "
                 f"data {data.corpus.name} ({data.corpus.size_bytes:,} bytes); MFU against "
                 f"{self.peak_flops / 1e12:.3g} TFLOP/s ({self.peak_device} preset)")

@@ -1,0 +1,220 @@
+"""ZeRO-1, the distributed optimizer: the optimizer state sharded over the data-parallel group
+(``--sharding zero1``; Rajbhandari et al. 2020, "ZeRO", sec. 5.1, stage P_os; Megatron-LM's
+``--use-distributed-optimizer``).
+
+Each parameter's local tensor (its tensor-parallel shard, if any) is cut into ``dp`` equal slices,
+the last padded; rank ``r`` of the data-parallel group owns slice ``r`` of every parameter and keeps
+AdamW's moments for its slices only. A step:
+
+1. gradients accumulate locally over the micro-batches (no reduction inside backward);
+2. one reduce-scatter per unit (the whole model, or one pipeline chunk at its ``R`` action) leaves
+   each rank the data-parallel mean of the gradient of its slices: the buffer holds slice ``r`` of
+   every parameter in segment ``r``, so segment ``r`` is what rank ``r`` receives;
+3. the global gradient norm is summed over the slices (every data-parallel rank counts its own),
+   the slices are clipped and AdamW steps them in place (the slices are views of the parameters);
+4. one all-gather per unit returns every rank's updated slices into the full parameters.
+
+Reduce-scatter plus all-gather move what one all-reduce moves (the cost model charges the same,
+``reduce_scatter+all_gather``); the gradient buffer stays whole, as the memory model has it for
+zero1 (:func:`paratrain.cost.sharding.static_shares`). AdamW works element by element, so
+stepping slices is the same arithmetic as stepping whole tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+
+from .comm import layer as comm
+from .config import TrainConfig
+from .data_parallel import SpanRecorder, local_tensor
+from .mesh import RuntimeContext
+from .optim import Optimizer
+
+__all__ = ["ShardedParams", "ShardedOptimizer"]
+
+
+def _flat(p: torch.Tensor) -> torch.Tensor:
+    """The local tensor of ``p`` as a 1-D view of its storage (writes reach the parameter)."""
+    local = local_tensor(p).detach()
+    if not local.is_contiguous():
+        raise ValueError("zero1 needs contiguous parameters")
+    return local.view(-1)
+
+
+class ShardedParams:
+    """Parameters laid out for one reduce-scatter and one all-gather over ``world`` ranks (module
+    docstring); ``rank``: this rank's index in the group."""
+
+    def __init__(self, params: list[nn.Parameter], world: int, rank: int) -> None:
+        if len({local_tensor(p).dtype for p in params}) > 1:
+            raise ValueError("zero1 reduces parameters of one dtype per unit")
+        self.params, self.world, self.rank = params, world, rank
+        self.numels = [local_tensor(p).numel() for p in params]
+        self.slices = [-(-n // world) for n in self.numels]  # per-rank slice length, the last padded
+        self.offsets = [sum(self.slices[:i]) for i in range(len(params))]
+        self.segment = sum(self.slices)  # one rank's share of the buffer
+        # this rank's slice of every parameter: a view of the parameter's storage (may be empty)
+        self.shards = [_flat(p)[min(n, rank * c): min(n, (rank + 1) * c)]
+                       for p, n, c in zip(params, self.numels, self.slices, strict=True)]
+
+    def pack_grads(self) -> torch.Tensor:
+        """The reduce-scatter's input: ``world`` segments, segment ``r`` holding slice ``r`` of every
+        gradient (zeros for a parameter without one, and for the padding). Drops the gradients."""
+        p0 = local_tensor(self.params[0])
+        buf = torch.zeros(self.world, self.segment, dtype=p0.dtype, device=p0.device)
+        for p, n, c, off in zip(self.params, self.numels, self.slices, self.offsets, strict=True):
+            if p.grad is not None:
+                g = p.grad
+                if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+                    g = g.redistribute(p.device_mesh, p.placements)  # e.g. a Partial sum over tp
+                padded = torch.zeros(self.world * c, dtype=buf.dtype, device=buf.device)
+                padded[:n] = local_tensor(g).reshape(-1)
+                buf[:, off: off + c] = padded.view(self.world, c)
+                p.grad = None
+        return buf.view(-1)
+
+    def set_shard_grads(self, segment: torch.Tensor) -> None:
+        """Give each of this rank's slices its part of the reduced ``segment`` as its gradient."""
+        for shard, off in zip(self.shards, self.offsets, strict=True):
+            shard.grad = segment[off: off + shard.numel()].clone()
+
+    def local_segment(self) -> torch.Tensor:
+        """The all-gather's input: this rank's slices, each at its offset (padding zero)."""
+        mine = torch.zeros(self.segment, dtype=self.shards[0].dtype, device=self.shards[0].device)
+        for shard, off in zip(self.shards, self.offsets, strict=True):
+            mine[off: off + shard.numel()] = shard
+        return mine
+
+    def unpack_params(self, rows: torch.Tensor) -> None:
+        """Write the all-gathered ``(world, segment)`` rows into the full parameters."""
+        with torch.no_grad():
+            for p, n, c, off in zip(self.params, self.numels, self.slices, self.offsets, strict=True):
+                _flat(p).copy_(rows[:, off: off + c].reshape(-1)[:n])
+
+    def gather_params(self, group: dist.ProcessGroup) -> None:
+        """All-gather the updated slices into every rank's full parameters."""
+        mine = self.local_segment()
+        rows = torch.empty(self.world, self.segment, dtype=mine.dtype, device=mine.device)
+        comm.all_gather(list(rows.unbind(0)), mine, group, axis="dp", purpose="zero1_params")
+        self.unpack_params(rows)
+
+
+@dataclass
+class _Unit:
+    sharded: ShardedParams
+    group: dist.ProcessGroup
+    pending: tuple[torch.Tensor, torch.Tensor, dist.Work | None, float] | None = field(default=None)
+
+
+class ShardedOptimizer(Optimizer):
+    """AdamW (or SGD) over this rank's slices of ``units`` (each: its parameters and the
+    data-parallel group that shares them), with the interface of :class:`Optimizer` and of a
+    :class:`~paratrain.runtime.data_parallel.GradSync` (it reduces the gradients itself).
+
+    ``params`` (what the optimizer steps and clips) are the slices; ``model_params`` the parameters.
+    """
+
+    def __init__(self, units: list[tuple[list[nn.Parameter], dist.ProcessGroup | None]], train: TrainConfig,
+                 ctx: RuntimeContext, *, recorder: SpanRecorder | None = None) -> None:
+        self.ctx, self.recorder = ctx, recorder
+        self.units: list[_Unit] = []
+        for params, group in units:
+            if group is None:
+                raise ValueError("zero1 needs each unit's data-parallel group")
+            if params:
+                sharded = ShardedParams(params, dist.get_world_size(group), dist.get_rank(group))
+                self.units.append(_Unit(sharded, group))
+        self.model_params = [p for u in self.units for p in u.sharded.params]
+        self._shard_of: dict[int, torch.Tensor] = {}
+        self._counted: dict[int, bool] = {}
+        shards, decay = [], []
+        for u in self.units:
+            for p, shard in zip(u.sharded.params, u.sharded.shards, strict=True):
+                self._shard_of[id(p)] = shard
+                self._counted[id(p)] = _counts_on_tp(p, ctx)
+                if shard.numel():  # a rank past a small parameter's end owns nothing of it
+                    shards.append(shard)
+                    decay.append(p.dim() >= 2)
+        super().__init__(shards, train, decay=decay)
+
+    # ----- GradSync ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def accumulate(self) -> Iterator[None]:
+        yield  # gradients accumulate locally until finish()
+
+    def reduce(self, index: int) -> None:
+        """Start unit ``index``'s reduce-scatter (asynchronous)."""
+        u = self.units[index]
+        flat = u.sharded.pack_grads()
+        out = torch.empty(u.sharded.segment, dtype=flat.dtype, device=flat.device)
+        segments = list(flat.view(u.sharded.world, u.sharded.segment).unbind(0))
+        work = comm.reduce_scatter(out, segments, u.group, async_op=True, axis="dp", purpose="zero1_grads")
+        u.pending = (out, flat, work, time.perf_counter())
+
+    def finish(self) -> None:
+        """Reduce every unit not yet started, wait for all, and set the slices' mean gradients."""
+        for i, u in enumerate(self.units):
+            if u.pending is None:
+                self.reduce(i)
+        for u in self.units:
+            assert u.pending is not None
+            out, _, work, start = u.pending
+            if work is not None:
+                work.wait()
+            if self.recorder is not None:
+                self.recorder.record("R@c0", "comm", start, time.perf_counter())
+            out.div_(u.sharded.world)
+            u.sharded.set_shard_grads(out)
+            u.pending = None
+
+    def unit_of(self, params: list[nn.Parameter]) -> int:
+        """The index of the unit holding exactly ``params`` (a pipeline chunk's)."""
+        ids = [id(p) for p in params]
+        for i, u in enumerate(self.units):
+            if [id(p) for p in u.sharded.params] == ids:
+                return i
+        raise KeyError("no zero1 unit holds these parameters")
+
+    def shard_grad(self, p: nn.Parameter) -> torch.Tensor | None:
+        """The reduced gradient of this rank's slice of ``p`` (after :meth:`finish`)."""
+        return self._shard_of[id(p)].grad
+
+    # ----- the step ---------------------------------------------------------------------------------
+    def grad_norm_sq(self, params: list[nn.Parameter] | None = None) -> torch.Tensor:
+        """This rank's share of the squared norm of the gradients of ``params`` (default: all): its
+        slices, each counted on every data-parallel rank and, when replicated over tp, at tp 0."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        for p in self.model_params if params is None else params:
+            g = self._shard_of[id(p)].grad
+            if g is not None and self._counted[id(p)]:
+                sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
+        return sq
+
+    def global_norm(self) -> torch.Tensor:
+        sq = self.grad_norm_sq()
+        if self.ctx.world_size > 1:
+            comm.all_reduce(sq, axis="none", purpose="grad_norm")
+        return sq.sqrt()
+
+    def step(self) -> None:
+        super().step()
+        for u in self.units:
+            u.sharded.gather_params(u.group)
+
+
+def _counts_on_tp(p: torch.Tensor, ctx: RuntimeContext) -> bool:
+    """Whether this rank counts ``p``'s slice in the norm along tp: always when ``p`` is sharded
+    over tp, else at tp coordinate 0 (pipeline stages hold distinct parameters)."""
+    if isinstance(p, DTensor):
+        names = p.device_mesh.mesh_dim_names or ()
+        if any(n == "tp" and not isinstance(pl, Replicate) for n, pl in zip(names, p.placements, strict=True)):
+            return True
+    return ctx.coords["tp"] == 0
