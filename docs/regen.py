@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,25 +130,31 @@ def run_command(cmd_lines: tuple[str, ...], cwd: Path) -> list[str]:
     return out
 
 
-def regenerate(text: str, progress: bool = False, name: str = "README.md") -> str:
+def run_block(block: Block, progress: bool = False) -> list[str]:
+    """A block's commands and their outputs, run in a scratch directory of its own."""
+    new: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="paratrain-regen-") as tmp:
+        for cmd in block.commands:
+            t0 = time.perf_counter()
+            new.extend(cmd)
+            new.extend(run_command(cmd, Path(tmp)))
+            if progress:
+                print(f"  {time.perf_counter() - t0:6.1f} s  {cmd[0][:110]}", file=sys.stderr)
+    return new
+
+
+def regenerate(text: str, progress: bool = False, name: str = "README.md", jobs: int | None = None) -> str:
     """The text with every regen block's outputs replaced by what the commands print now.
 
-    Each block runs in a scratch directory of its own, so a block only sees the files it creates.
+    Each block runs in a scratch directory of its own, so a block only sees the files it creates;
+    blocks are independent, so ``jobs`` of them (default: one per core) run at once.
     """
     lines = text.splitlines()
     blocks = find_blocks(lines, name)
-    outputs: list[list[str]] = []
     t_all = time.perf_counter()
-    for block in blocks:
-        new: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="paratrain-regen-") as tmp:
-            for cmd in block.commands:
-                t0 = time.perf_counter()
-                new.extend(cmd)
-                new.extend(run_command(cmd, Path(tmp)))
-                if progress:
-                    print(f"  {time.perf_counter() - t0:6.1f} s  {cmd[0][:110]}", file=sys.stderr)
-        outputs.append(new)
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        # map keeps the blocks' order; the first failing block's SystemExit surfaces here
+        outputs = list(pool.map(lambda b: run_block(b, progress), blocks))
     if progress:
         print(f"  {time.perf_counter() - t_all:6.1f} s  in all ({len(blocks)} blocks)", file=sys.stderr)
     for block, new in reversed(list(zip(blocks, outputs, strict=True))):  # from the end: earlier indices stay valid
