@@ -238,6 +238,8 @@ BAD = [
                           "--dp-impl", "fsdp"], "--dp-impl paratrain"),
     ("train-zero1-chimera", ["train", "--model", "gpt-tiny", "--dp", "2", "--pp", "2", "--nproc", "4",
                              "--sharding", "zero1", "--schedule", "chimera"], "chimera"),
+    ("train-fsdp-zb", ["train", "--model", "gpt-tiny", "--dp", "2", "--pp", "2", "--nproc", "4", "--sharding", "zero3",
+                       "--schedule", "zb-h1"], "FSDP2"),
     ("train-zero1-checkpoint", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1",
                                 "--checkpoint-dir", "ck"], "--checkpoint-dir"),
     ("train-zero3-paratrain-dp", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero3",

@@ -1,6 +1,7 @@
-"""``train --sharding zero2|zero3`` (FSDP2 ``fully_shard`` with ``reshard_after_forward`` False /
-True) trains like one process, in float64: one 1-process launch for the reference and ONE
-4-process launch for both levels (tests/runtime/layout_harness.py). Every layout runs several
+"""``train --sharding zero1|zero2|zero3`` trains like one process, in float64: zero2 / zero3 are FSDP2
+``fully_shard`` with ``reshard_after_forward`` False / True (whole models and every pipeline chunk),
+zero1 paratrain's distributed optimizer (runtime/zero.py). One 1-process launch for the reference
+and ONE 4-process launch for every layout (tests/runtime/layout_harness.py). Every layout runs several
 micro-batches per replica, so each backward's reduce-scatter (the runtime keeps gradient sync on
 between micro-batches) is summed into the sharded gradient."""
 
@@ -28,6 +29,10 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "single": ({}, {}),
     "zero2-dp4": ({"dp": 4, "sharding": "zero2"}, {"dp_impl": "fsdp"}),  # 2 micro-batches per replica
     "zero3-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "fsdp"}, {"dp_impl": "fsdp"}),  # 4 micro-batches
+    # FSDP2 on every pipeline chunk (each stage's dp group), reduce-scattering in each backward
+    "zero2-dp2-pp2": ({"dp": 2, "pp": 2, "sharding": "zero2", "schedule": "1f1b"}, {"dp_impl": "fsdp"}),
+    "zero3-dp2-pp2-interleaved": ({"dp": 2, "pp": 2, "sharding": "zero3", "schedule": "interleaved",
+                                   "virtual_stages": 2}, {"dp_impl": "fsdp"}),
     # zero1: paratrain's distributed optimizer, whole model and per pipeline chunk
     "zero1-dp4": ({"dp": 4, "sharding": "zero1"}, {}),
     "zero1-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "zero1"}, {}),

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .mesh import RuntimeContext
 
 __all__ = ["GradSync", "NoGradSync", "BucketedAllReduce", "DDPGradSync", "FSDPGradSync", "local_tensor",
-           "wrap_data_parallel", "DEFAULT_BUCKET_BYTES"]
+           "wrap_data_parallel", "fully_shard_model", "uses_fsdp", "DEFAULT_BUCKET_BYTES"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
 
@@ -187,6 +187,28 @@ class FSDPGradSync:
         return None
 
 
+def uses_fsdp(impl: str, ctx: RuntimeContext) -> bool:
+    """Whether ``impl`` shards with FSDP2 here (one data-parallel rank shards only when asked)."""
+    return impl == "fsdp" and (ctx.config.dp > 1 or ctx.config.optimizer_sharding)
+
+
+def fully_shard_model(model: nn.Module, ctx: RuntimeContext) -> None:
+    """FSDP2 ``fully_shard`` over the mesh's dp axis: each block a unit, the rest (embedding, head,
+    final norm) the root's. ``model``: a whole model or one pipeline chunk (``blocks`` attribute).
+
+    zero2 keeps each block's gathered parameters from its forward to its backward; zero3 frees them
+    after the forward and gathers them again for the backward. Either way every micro-batch gathers
+    and reduce-scatters each block once (cost.sharding), and between steps parameters, gradients and
+    AdamW state are sharded."""
+    from torch.distributed.fsdp import fully_shard
+
+    dp_mesh = ctx.submesh("dp")
+    reshard = ctx.config.sharding == "zero3"
+    for block in model.blocks:  # type: ignore[union-attr]
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+
+
 def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, bucket_bytes: int,
                        recorder: SpanRecorder | None = None, compress_warmup: int = 0,
                        dgc: DgcSettings | None = None) -> tuple[nn.Module, GradSync]:
@@ -201,18 +223,8 @@ def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, buck
         return model, CompressedGradSync([model], ctx.group("dp"), ctx.config.compression,
                                          ctx.config.compression_density, warmup=compress_warmup, recorder=recorder,
                                          dgc=dgc)
-    if impl == "fsdp" and (dp > 1 or ctx.config.optimizer_sharding):
-        from torch.distributed.fsdp import fully_shard
-
-        dp_mesh = ctx.submesh("dp")
-        # zero2 keeps each block's gathered parameters from its forward to its backward; zero3
-        # frees them after the forward and gathers them again for the backward. Either way every
-        # micro-batch gathers and reduce-scatters each block once (cost.sharding), and between
-        # steps parameters, gradients and AdamW state are sharded.
-        reshard = ctx.config.sharding == "zero3"
-        for block in model.blocks:  # type: ignore[union-attr]
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+    if uses_fsdp(impl, ctx):
+        fully_shard_model(model, ctx)
         return model, FSDPGradSync(model)
     if dp == 1:
         return model, NoGradSync()

@@ -93,9 +93,9 @@ def schedule_for(config: ParallelConfig, train_steps: int) -> Schedule:
 
 def validate_pipeline(config: ParallelConfig, train: TrainConfig) -> Schedule:
     """Every pipeline check that needs no process group; returns the validated schedule."""
-    if train.dp_impl != "paratrain":
-        raise ConfigError("--dp-impl", f"{train.dp_impl} does not run inside the pipeline engine, whose schedule "
-                          "places the gradient reductions itself", "use --dp-impl paratrain with --pp > 1")
+    if train.dp_impl == "ddp":  # FSDP2 reduces inside each chunk's backward, which the engine runs whole
+        raise ConfigError("--dp-impl", "ddp does not run inside the pipeline engine, whose schedule places the "
+                          "gradient reductions itself", "use --dp-impl paratrain (or fsdp) with --pp > 1")
     return schedule_for(config, train.steps)
 
 
@@ -225,6 +225,7 @@ class PipelineExecutor:
             LocalChunk(c, rep, module, is_first=c == 0, is_last=c == schedule.num_chunks - 1,
                        params={n: p for n, p in module.named_parameters() if p.requires_grad})
             for (c, rep), module in zip(layout.held, modules, strict=True)]
+        self.chunks_sharded = any(ch.fully_sharded for ch in self.chunks)  # --dp-impl fsdp (zero2/zero3)
         # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
         dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
         cfg = self.config
@@ -384,6 +385,8 @@ class PipelineExecutor:
             return
         if self.config.compression != "none":
             self._compressed_reduce(chunk, group)
+            return
+        if self.chunks_sharded:  # FSDP2 reduce-scattered each micro-batch's gradients in its backward
             return
         if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the chunk's reduce-scatter
             self.optimizer.reduce(self.optimizer.unit_of(list(chunk.params.values())))

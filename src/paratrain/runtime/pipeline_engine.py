@@ -76,6 +76,13 @@ class LocalChunk:
         if not self.params:
             self.params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
 
+    @property
+    def fully_sharded(self) -> bool:
+        """FSDP2 holds the chunk's parameters: gathered copies, not ``params``, enter the graph."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.module, FSDPModule)
+
 
 class StepHooks(Protocol):
     """What ``R`` and ``U`` do: data-parallel/replica reduction and the optimizer step."""
@@ -280,6 +287,15 @@ class PipelineEngine:
             x_in.grad = None
             self._split[key] = (groups, version)
             self._pass_input_grad(a, dinputs[0])
+            return
+        if ch.fully_sharded:
+            # FSDP2's hooks reduce-scatter the gathered parameters' gradients into ``params`` after
+            # this backward, so autograd must reach every leaf (the input and the gathered copies)
+            with ctx:
+                torch.autograd.backward(out, grad_tensors=grad_out)
+            if x_in is not None:
+                gx, x_in.grad = x_in.grad, None
+                self._pass_input_grad(a, gx)
             return
         targets = ([] if x_in is None else [x_in]) + weights
         if version is None:

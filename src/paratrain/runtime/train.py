@@ -58,7 +58,7 @@ from .config import (
 )
 from .data import Batch
 from .data.tokenized import run_data_sources
-from .data_parallel import GradSync, wrap_data_parallel
+from .data_parallel import GradSync, fully_shard_model, uses_fsdp, wrap_data_parallel
 from .eval import Evaluator
 from .executor import SingleStageExecutor, StepExecutor, StepOutput
 from .kfac import KfacOptimizer, load_filled, make_optimizer
@@ -93,8 +93,6 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     if train.data not in ("stdlib", "synthetic") and not os.path.exists(train.data):
         raise ConfigError("--data", f"{train.data!r} does not exist",
                           "give a file or directory, 'stdlib' or 'synthetic'")
-    if train.dp_impl == "fsdp" and config.pp > 1:
-        raise ConfigError("--dp-impl", "fsdp is not wired into the pipeline engine", "use --dp-impl paratrain")
     check_sharding(config, train)
     check_compression(config, train)
     check_kfac(config, train)
@@ -176,6 +174,9 @@ class Trainer:
             groups = make_groups(self.config, self.schedule, layout, ctx)
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=False)
                      for m in layout.modules]
+            if uses_fsdp(train.dp_impl, ctx):  # zero2/zero3: every chunk sharded over its stage's dp group
+                for m in parts:
+                    fully_shard_model(m, ctx)
             filled = load_filled(train, ctx)  # --fill-bubbles: the schedule's iterations with K-FAC fillers
             if self._zero1():  # one unit per chunk, reduced at the chunk's R action
                 self.optimizer = ShardedOptimizer(
