@@ -59,6 +59,8 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gpt-dp2-tp2": ("gpt", {"dp": 2, "tp": 2}, {}),
     "gpt-dp2-tp2-fsdp": ("gpt", {"dp": 2, "tp": 2, "optimizer_sharding": True}, {"dp_impl": "fsdp"}),
     "gpt-tp2-sp": ("gpt", {"tp": 2, "sequence_parallel": True}, {}),
+    # the pipeline engine with sequence parallelism: stages exchange the residual stream's slice
+    "gpt-pp2-tp2-sp": ("gpt", {"pp": 2, "tp": 2, "sequence_parallel": True}, {}),
     "llama-single": ("llama", {}, {}),
     "llama-dp2-tp2": ("llama", {"dp": 2, "tp": 2}, {}),
     "bert-single": ("bert", {}, {}),
@@ -68,7 +70,7 @@ TRACED = {"gpt-dp2-buckets"}
 
 
 def _world(layout: dict[str, Any]) -> int:
-    return layout.get("dp", 1) * layout.get("tp", 1)
+    return layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1)
 
 
 def _read(out: Path, name: str) -> dict[str, Any]:
@@ -154,7 +156,7 @@ def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Te
 
 
 @pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-dp2-buckets", "gpt-tp2", "gpt-dp2-tp2",
-                                  "gpt-dp2-tp2-fsdp", "gpt-tp2-sp"])
+                                  "gpt-dp2-tp2-fsdp", "gpt-tp2-sp", "gpt-pp2-tp2-sp"])
 def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     _assert_same_training(runs, name, "gpt-single")
 

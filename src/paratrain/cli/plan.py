@@ -184,12 +184,18 @@ def print_ranking(console: Console, result: PlanResult, top: int) -> None:
     console.print(rej)
 
 
-def print_winner(console: Console, model: ModelSpec, cluster: ClusterSpec, result: PlanResult) -> None:
+def print_winner(console: Console, model: ModelSpec, cluster: ClusterSpec, result: PlanResult,
+                 train_refusal: str | None = None) -> None:
+    """The winner's breakdown, whether ``paratrain train`` runs it (``train_refusal``: its error
+    line, None when it does), and the plausibility warnings."""
     from paratrain.plan.report import winner_breakdown, winner_plausibility
 
     console.print("[bold]Winner[/bold]")
     for k, v in winner_breakdown(model, cluster, result.winner, result.capacity_bytes):
         console.print(f"  {k:<28} {v}")
+    runs = "runs it (plan -o FILE, then train --config FILE)"
+    console.print(f"  {'paratrain train':<28} {runs if train_refusal is None else 'refuses it: ' + train_refusal}",
+                  soft_wrap=True)
     for w in winner_plausibility(model, cluster, result.winner):
         console.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
 
@@ -340,6 +346,10 @@ def plan_command(
     from paratrain.plan.report import plan_document
 
     doc = plan_document(spec, clus, result)
+    from paratrain.runtime.config import train_refusal
+
+    # whether `paratrain train --config` runs the winner (the cost model prices more than the runtime runs)
+    doc["train_refusal"] = train_refusal(spec, result.winner.config)
     if advise_shape:
         from paratrain.plan.shape import advise
 
@@ -357,7 +367,7 @@ def plan_command(
         print_json(doc)
         return
     print_ranking(console, result, top)
-    print_winner(console, spec, clus, result)
+    print_winner(console, spec, clus, result, doc["train_refusal"])
     if advise_shape:
         from paratrain.cli.plan_sweep import print_advice
 

@@ -261,7 +261,9 @@ def train(
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2 (runtime.config.check_sharding)
-    impl = dp_impl or ("fsdp" if pcfg.sharding in ("zero2", "zero3") else "paratrain")
+    from paratrain.runtime.config import default_dp_impl
+
+    impl = dp_impl or default_dp_impl(pcfg)
     if pcfg.sharding in ("zero2", "zero3") and impl != "fsdp":
         raise ConfigError("--dp-impl", f"{impl} does not shard parameters and gradients (--sharding "
                           f"{pcfg.sharding})", "use --dp-impl fsdp")

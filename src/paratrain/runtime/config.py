@@ -16,7 +16,8 @@ from paratrain.spec.model import ModelSpec
 
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
            "check_context_parallel", "check_model_layout", "check_task", "check_compression", "check_checkpointing",
-           "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac", "check_sharding"]
+           "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac", "check_sharding",
+           "check_pipeline_layout", "default_dp_impl", "train_refusal"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
@@ -322,6 +323,32 @@ def check_outputs(train: TrainConfig) -> None:
             store.resume_checkpoint(train.checkpoint_dir)
         else:
             store.check_fresh_dir(train.checkpoint_dir)
+
+
+def default_dp_impl(config: ParallelConfig) -> str:
+    """What ``train`` runs a layout's data parallelism with when ``--dp-impl`` is not given: FSDP2
+    for zero2 / zero3, paratrain's own reduction (and distributed optimizer for zero1) otherwise."""
+    return "fsdp" if config.sharding in ("zero2", "zero3") else "paratrain"
+
+
+def check_pipeline_layout(config: ParallelConfig) -> None:
+    """What the pipeline engine does not combine with a pipeline."""
+    return None
+
+
+def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
+    """The one-line error ``paratrain train --config`` would stop with on this layout under its
+    default options (before any process starts), or None when it runs it. For ``plan``: a layout
+    the cost model prices is not always one the runtime runs."""
+    train = TrainConfig(dp_impl=default_dp_impl(config))
+    try:
+        check_model_layout(model, config)
+        check_context_parallel(config)
+        check_pipeline_layout(config)
+        check_sharding(config, train)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:

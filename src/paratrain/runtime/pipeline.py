@@ -237,7 +237,9 @@ class PipelineExecutor:
         def new_engine(sched: Schedule) -> PipelineEngine:
             return PipelineEngine(
                 sched, self.pp_rank, self.chunks, self,
-                activation_shape=(cfg.microbatch, spec.seq, spec.hidden), activation_dtype=dtype,
+                # sequence parallelism: chunks exchange the residual stream's sequence slice
+                activation_shape=(cfg.microbatch, spec.seq // (cfg.tp if cfg.sequence_parallel else 1), spec.hidden),
+                activation_dtype=dtype,
                 device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
                 loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
                 record=train.trace is not None, fillers=self.fillers, before=self._before_action,

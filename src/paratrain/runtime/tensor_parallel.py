@@ -72,9 +72,10 @@ def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh
                           sequence_parallel: bool = False) -> nn.Module:
     """Shard ``model`` or a pipeline chunk of it (full weights, same on every rank) in place.
 
-    ``sequence_parallel`` also splits the norms' work on the sequence (whole models only: the
-    embedding's output is sliced on the sequence, the head gathers it back before the output
-    projection; positions and BERT's MLM transform stay replicated).
+    ``sequence_parallel`` also splits the norms' work on the sequence: the embedding's output is
+    sliced on the sequence, the head gathers it back before the output projection (positions and
+    BERT's MLM transform stay replicated); between them the residual stream is this rank's sequence
+    slice as a plain tensor, which is also what a pipeline chunk sends to the next and receives.
     """
     if tp_mesh.size() == 1:
         return model

@@ -52,6 +52,7 @@ from .config import (
     check_host_memory,
     check_kfac,
     check_outputs,
+    check_pipeline_layout,
     check_sharding,
     check_sinks,
     check_task,
@@ -84,9 +85,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     """Every check that needs no process group: run it before launching anything. Returns the
     validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
-    if config.sequence_parallel and config.pp > 1:
-        raise ConfigError("sequence_parallel", "is not wired into the pipeline engine (its transfers carry the "
-                          "full sequence)", "use sequence parallelism with --pp 1")
+    check_pipeline_layout(config)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
@@ -172,7 +171,7 @@ class Trainer:
             check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
             layout = cut_model(model, self.schedule, self.config, ctx.pp_rank)
             groups = make_groups(self.config, self.schedule, layout, ctx)
-            parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=False)
+            parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=self.config.sequence_parallel)
                      for m in layout.modules]
             if uses_fsdp(train.dp_impl, ctx):  # zero2/zero3: every chunk sharded over its stage's dp group
                 for m in parts:

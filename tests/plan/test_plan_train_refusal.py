@@ -1,0 +1,61 @@
+"""``plan`` says whether ``paratrain train`` runs its winner: the cost model prices layouts (a
+vocabulary or head count tp does not divide, context parallelism, FSDP2 under a split-backward
+schedule) that the runtime refuses, and the plan should not leave the user to find out at launch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paratrain.parallel.config import ParallelConfig
+from paratrain.runtime.config import TrainConfig, default_dp_impl, train_refusal
+from paratrain.spec.model import resolve_model
+
+TINY = resolve_model("gpt-tiny").with_overrides(layers=4)
+LAYOUTS = {  # name -> (layout, a word of the refusal or None)
+    "dp2-pp2-zero1": (dict(dp=2, pp=2, sharding="zero1", global_batch=8), None),
+    "dp2-pp2-zero3-interleaved": (dict(dp=2, pp=2, sharding="zero3", schedule="interleaved", virtual_stages=2,
+                                       global_batch=8), None),
+    "tp2-sp": (dict(tp=2, sequence_parallel=True, global_batch=8), None),
+    "pp2-tp2-sp": (dict(pp=2, tp=2, sequence_parallel=True, global_batch=8), None),
+    "tp3": (dict(tp=3, global_batch=8), "tp"),
+    "dp2-pp2-zero3-zb": (dict(dp=2, pp=2, sharding="zero3", schedule="zb-h1", global_batch=8), "FSDP2"),
+    "dp2-pp2-zero1-chimera": (dict(dp=2, pp=2, sharding="zero1", schedule="chimera", global_batch=8), "chimera"),
+    "cp2": (dict(cp=2, global_batch=8), "cp"),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_refusal_is_what_train_says_before_starting(name: str) -> None:
+    """The reason is the one ``validate_run`` (what ``train`` checks before any process starts)
+    raises with the same default options, and None exactly when it raises nothing."""
+    from paratrain.errors import ConfigError
+    from paratrain.runtime.train import validate_run
+
+    layout, word = LAYOUTS[name]
+    config = ParallelConfig(**layout)
+    refusal = train_refusal(TINY, config)
+    try:
+        validate_run(TINY, config, TrainConfig(dp_impl=default_dp_impl(config)))
+        raised = None
+    except ConfigError as e:
+        raised = str(e)
+    assert refusal == raised
+    assert (refusal is None) == (word is None) and (word is None or word in refusal), refusal
+
+
+def test_vocabulary_tp_does_not_divide_is_reported_by_plan(run_cli) -> None:
+    code, out, err = run_cli("plan", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "1024",
+                             "--global-batch", "1536", "--no-simulate", "--json")
+    assert code == 0, err
+    refusal = json.loads(out)["train_refusal"]
+    assert refusal.startswith("tp: tp(8) does not divide the vocabulary 50257"), refusal
+    code, out, err = run_cli("plan", "--model", "gpt3-175b", "--vocab", "50264", "--cluster", "dgx-a100", "--gpus",
+                             "1024", "--global-batch", "1536", "--no-simulate", "--json")
+    assert code == 0, err
+    doc = json.loads(out)  # padded as Megatron pads it: the winner (zero1, sequence parallel, a pipeline) runs
+    assert doc["train_refusal"] is None and doc["config"]["parallel"]["pp"] > 1, doc["config"]
+    code, out, err = run_cli("plan", "--model", "gpt-tiny", "--cluster", "cpu", "--gpus", "4", "--global-batch", "8")
+    assert code == 0, err
+    assert "runs it (plan -o FILE, then train --config FILE)" in out
