@@ -138,6 +138,8 @@ class ShardedOptimizer(Optimizer):
         shards, decay = [], []
         for u in self.units:
             for p, shard in zip(u.sharded.params, u.sharded.shards, strict=True):
+                if id(p) in self._shard_of:  # two slices of one storage would both be stepped
+                    raise ValueError("zero1: a parameter is held by two chunks of this rank")
                 self._shard_of[id(p)] = shard
                 self._counted[id(p)] = _counts_on_tp(p, ctx)
                 if shard.numel():  # a rank past a small parameter's end owns nothing of it
