@@ -240,8 +240,8 @@ BAD = [
                              "--sharding", "zero1", "--schedule", "chimera"], "chimera"),
     ("train-fsdp-zb", ["train", "--model", "gpt-tiny", "--dp", "2", "--pp", "2", "--nproc", "4", "--sharding", "zero3",
                        "--schedule", "zb-h1"], "FSDP2"),
-    ("train-zero1-checkpoint", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1",
-                                "--checkpoint-dir", "ck"], "--checkpoint-dir"),
+    ("train-zero1-kfac", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero1",
+                          "--optimizer", "kfac"], "--optimizer"),
     ("train-zero3-paratrain-dp", ["train", "--model", "gpt-tiny", "--dp", "2", "--nproc", "2", "--sharding", "zero3",
                                   "--dp-impl", "paratrain"], "--dp-impl"),
 ]

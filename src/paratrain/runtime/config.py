@@ -360,7 +360,6 @@ def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
                               "optimizer does)", "use --dp-impl paratrain (the default) with --sharding zero1")
         for flag, used, what in (("--compress", config.compression != "none", "gradient compression"),
                                  ("--optimizer", train.optimizer == "kfac", "K-FAC"),
-                                 ("--checkpoint-dir", train.checkpoint_dir is not None, "checkpointing"),
                                  ("--task", train.task != "gpt", "the image task")):
             if used and config.dp > 1:
                 raise ConfigError(flag, f"{what} is not wired into --sharding zero1 (the sharded optimizer state)",

@@ -40,6 +40,8 @@ from .optim import Optimizer
 
 __all__ = ["ShardedParams", "ShardedOptimizer"]
 
+MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state (checkpoint keys optim/<name>/<moment>)
+
 
 def _flat(p: torch.Tensor) -> torch.Tensor:
     """The local tensor of ``p`` as a 1-D view of its storage (writes reach the parameter)."""
@@ -62,8 +64,9 @@ class ShardedParams:
         self.offsets = [sum(self.slices[:i]) for i in range(len(params))]
         self.segment = sum(self.slices)  # one rank's share of the buffer
         # this rank's slice of every parameter: a view of the parameter's storage (may be empty)
-        self.shards = [_flat(p)[min(n, rank * c): min(n, (rank + 1) * c)]
-                       for p, n, c in zip(params, self.numels, self.slices, strict=True)]
+        self.bounds = [(min(n, rank * c), min(n, (rank + 1) * c))
+                       for n, c in zip(self.numels, self.slices, strict=True)]
+        self.shards = [_flat(p)[lo:hi] for p, (lo, hi) in zip(params, self.bounds, strict=True)]
 
     def pack_grads(self) -> torch.Tensor:
         """The reduce-scatter's input: ``world`` segments, segment ``r`` holding slice ``r`` of every
@@ -92,6 +95,12 @@ class ShardedParams:
         for shard, off in zip(self.shards, self.offsets, strict=True):
             mine[off: off + shard.numel()] = shard
         return mine
+
+    def unpack_one(self, rows: torch.Tensor, i: int) -> torch.Tensor:
+        """Parameter ``i``'s whole local tensor (a new one) out of all-gathered ``(world, segment)`` rows."""
+        local = local_tensor(self.params[i])
+        off, c, n = self.offsets[i], self.slices[i], self.numels[i]
+        return rows[:, off: off + c].reshape(-1)[:n].reshape(local.shape).clone()
 
     def unpack_params(self, rows: torch.Tensor) -> None:
         """Write the all-gathered ``(world, segment)`` rows into the full parameters."""
@@ -210,6 +219,50 @@ class ShardedOptimizer(Optimizer):
         super().step()
         for u in self.units:
             u.sharded.gather_params(u.group)
+
+    # ----- checkpoints: AdamW's state as whole parameters, the format every layout loads ----------
+    def full_state(self) -> dict[int, dict[str, torch.Tensor]]:
+        """AdamW's state of every parameter as whole local tensors (DTensors where the parameter is
+        one), gathered from the data-parallel ranks' slices, keyed by ``id(parameter)``; empty
+        before the first step. A collective over each unit's group (every rank calls it)."""
+        states = self.adamw.state
+        step = next((st["step"] for st in states.values() if "step" in st), None)
+        if step is None:
+            return {}
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        for u in self.units:
+            sp = u.sharded
+            rows_of = {}
+            for k in MOMENTS:
+                mine = torch.zeros_like(sp.local_segment())
+                for shard, off in zip(sp.shards, sp.offsets, strict=True):
+                    if shard.numel():
+                        mine[off: off + shard.numel()] = states[shard][k]
+                rows = torch.empty(sp.world, sp.segment, dtype=mine.dtype, device=mine.device)
+                comm.all_gather(list(rows.unbind(0)), mine, u.group, axis="dp", purpose="zero1_checkpoint")
+                rows_of[k] = rows
+            for i, p in enumerate(sp.params):
+                entry = {k: _like_param(p, sp.unpack_one(rows, i)) for k, rows in rows_of.items()}
+                out[id(p)] = {**entry, "step": step.clone()}
+        return out
+
+    def load_full_state(self, p: nn.Parameter, state: dict[str, torch.Tensor]) -> None:
+        """Set AdamW's state of this rank's slice of ``p`` from whole-parameter ``state`` (as
+        :meth:`full_state` gives it and a checkpoint holds it)."""
+        for u in self.units:
+            for q, shard, (lo, hi) in zip(u.sharded.params, u.sharded.shards, u.sharded.bounds, strict=True):
+                if q is p and shard.numel():
+                    st = self.adamw.state[shard]
+                    st["step"] = state["step"].detach().clone()
+                    for k in MOMENTS:
+                        st[k] = local_tensor(state[k]).detach().reshape(-1)[lo:hi].clone()
+
+
+def _like_param(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (shaped like ``p``'s local tensor) with ``p``'s placements when ``p`` is a DTensor."""
+    if isinstance(p, DTensor):
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+    return local
 
 
 def _counts_on_tp(p: torch.Tensor, ctx: RuntimeContext) -> bool:

@@ -68,11 +68,14 @@ def capture(trainer: Trainer) -> Capture:
     FSDP2 swaps a module's registered parameters for gathered ones during forward, so the sharded
     tensors are taken here, not by the snapshot thread."""
     opt_state = trainer.optimizer.adamw.state
+    # zero1 keeps slices: its state is gathered into whole parameters here (new tensors, a collective)
+    full_state = getattr(trainer.optimizer, "full_state", None)
+    whole = full_state() if full_state is not None else None
     tensors: list[tuple[str, torch.Tensor]] = []
     for name, copies in sorted(named_parameters(trainer).items()):
         p = copies[0]
         tensors.append((f"model/{name}", p))
-        st = opt_state.get(p, {})
+        st = whole.get(id(p), {}) if whole is not None else opt_state.get(p, {})
         for k in (*MOMENTS, "step"):
             if k in st:
                 tensors.append((f"optim/{name}/{k}", st[k]))
@@ -163,7 +166,11 @@ def load_targets(trainer: Trainer, saved: dict[str, Any]) -> dict[str, torch.Ten
         if shape != tuple(p.shape):
             raise ValueError(f"parameter {name!r} is {list(shape)} in the checkpoint, {list(p.shape)} here")
         out[key] = p
-        if f"optim/{name}/step" in saved:
+        if f"optim/{name}/step" in saved and hasattr(trainer.optimizer, "load_full_state"):
+            # zero1: whole-parameter targets, sliced into this rank's AdamW state by apply_loaded
+            out.update({f"optim/{name}/{k}": torch.zeros_like(p) for k in MOMENTS})
+            out[f"optim/{name}/step"] = torch.zeros((), dtype=saved[f"optim/{name}/step"].properties.dtype)
+        elif f"optim/{name}/step" in saved:
             for q in copies:
                 st = adamw.state[q]
                 for k in MOMENTS:
@@ -184,9 +191,12 @@ def apply_loaded(trainer: Trainer, loaded: dict[str, torch.Tensor]) -> None:
     """After DCP filled ``loaded`` in place: copy into the other copies of each parameter and its
     AdamW state, and restore this rank's generators."""
     adamw = trainer.optimizer.adamw
+    load_full_state = getattr(trainer.optimizer, "load_full_state", None)
     with torch.no_grad():
-        for copies in named_parameters(trainer).values():
+        for name, copies in named_parameters(trainer).items():
             first = copies[0]
+            if load_full_state is not None and f"optim/{name}/step" in loaded:
+                load_full_state(first, {k: loaded[f"optim/{name}/{k}"] for k in (*MOMENTS, "step")})
             for q in copies[1:]:
                 _local(q).copy_(_local(first))
                 if first in adamw.state:
