@@ -325,7 +325,9 @@ def main() -> None:
           f"than every step of the other): {agree} of the {pairs} pairs the measurement orders are predicted in "
           f"that order; ranking {'equals' if agree == pairs else 'differs from'} the measured one up to ties")
     print(load.verdict())
-    share = min(1.0, cluster.cores_per_node / 4) if cluster.cores_per_node else 1.0
+    from paratrain.runtime.calibrate import core_share
+
+    share = core_share(4, cluster.threads_per_process, cluster.cores_per_node) if cluster.cores_per_node else 1.0
     print(host_drift(cluster.device.peak_fp32_flops, gemm, share))
 
 

@@ -260,13 +260,11 @@ def train(
     check_context_parallel(pcfg)  # before anything else is checked or started: the runtime has no ring attention
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
-    # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2 (runtime.config.check_sharding)
+    # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2; runtime.config.check_sharding
+    # (in validate_run, before any worker starts) refuses an impl that does not run the level
     from paratrain.runtime.config import default_dp_impl
 
     impl = dp_impl or default_dp_impl(pcfg)
-    if pcfg.sharding in ("zero2", "zero3") and impl != "fsdp":
-        raise ConfigError("--dp-impl", f"{impl} does not shard parameters and gradients (--sharding "
-                          f"{pcfg.sharding})", "use --dp-impl fsdp")
     if nproc is not None and nproc < 1:
         raise ConfigError("--nproc", f"must be at least 1, got {nproc}",
                           f"use --nproc {pcfg.world_size} (dp*tp*pp) or leave it out under torchrun")

@@ -17,7 +17,7 @@ from paratrain.spec.model import ModelSpec
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
            "check_context_parallel", "check_model_layout", "check_task", "check_compression", "check_checkpointing",
            "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac", "check_sharding",
-           "check_pipeline_layout", "default_dp_impl", "train_refusal"]
+           "default_dp_impl", "train_refusal"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
@@ -331,11 +331,6 @@ def default_dp_impl(config: ParallelConfig) -> str:
     return "fsdp" if config.sharding in ("zero2", "zero3") else "paratrain"
 
 
-def check_pipeline_layout(config: ParallelConfig) -> None:
-    """What the pipeline engine does not combine with a pipeline."""
-    return None
-
-
 def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
     """The one-line error ``paratrain train --config`` would stop with on this layout under its
     default options (before any process starts), or None when it runs it. For ``plan``: a layout
@@ -344,7 +339,6 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
     try:
         check_model_layout(model, config)
         check_context_parallel(config)
-        check_pipeline_layout(config)
         check_sharding(config, train)
     except ConfigError as e:
         return str(e)
@@ -353,7 +347,8 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
 
 def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
     """Which data-parallel implementation runs each ``--sharding`` level: zero1 is paratrain's
-    distributed optimizer (runtime/zero.py), zero2 / zero3 are FSDP2 (``--dp-impl fsdp``, pp 1)."""
+    distributed optimizer (runtime/zero.py), zero2 / zero3 are FSDP2 (``--dp-impl fsdp``); each with
+    the pipeline schedules whose backward and optimizer steps go through their mechanism."""
     if config.sharding == "zero1":
         if train.dp_impl != "paratrain":
             raise ConfigError("--dp-impl", f"{train.dp_impl} does not run --sharding zero1 (paratrain's distributed "

@@ -407,6 +407,10 @@ class KfacOptimizer:
     def clip(self, norm: torch.Tensor) -> float:
         return clip_grads_(self.params, norm, self.train.grad_clip)
 
+    # the norm over this optimizer's whole parameters, as AdamW's
+    grad_norm_sq = Optimizer.grad_norm_sq
+    global_norm = Optimizer.global_norm
+
     def step(self) -> None:
         if not self.by_fillers:
             self.kfac.run_cycle_work()

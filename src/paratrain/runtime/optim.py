@@ -107,6 +107,14 @@ class Optimizer:
             self.adamw = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, eps=1e-8, foreach=False)
             self.inner = self.adamw
 
+    def grad_norm_sq(self, params: list[nn.Parameter], ctx: RuntimeContext) -> torch.Tensor:
+        """This rank's share of the squared norm of ``params``' gradients (:func:`grad_norm_sq`)."""
+        return grad_norm_sq(params, ctx)
+
+    def global_norm(self, ctx: RuntimeContext) -> torch.Tensor:
+        """The gradients' L2 norm over every rank (:func:`global_grad_norm`)."""
+        return global_grad_norm(self.params, ctx)
+
     def set_step(self, step: int) -> float:
         """Set the learning rate of ``step`` (0-based); returns it."""
         lr = self.lr = lr_at(step, self.train)

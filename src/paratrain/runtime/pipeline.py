@@ -71,7 +71,7 @@ from .executor import StepOutput
 from .mesh import RuntimeContext
 from .metrics import Tracer
 from .models import TransformerLM
-from .optim import Optimizer, grad_norm_sq
+from .optim import Optimizer
 from .pipeline_engine import ActionSpan, LocalChunk, PipelineEngine, accumulation_count
 from .tensor_parallel import loss_context
 from .zero import ShardedOptimizer
@@ -493,9 +493,7 @@ class PipelineExecutor:
             if not self.is_async and self.layout.tie_owner.get(name, self.pp_rank) != self.pp_rank:
                 continue
             counted.append(p)
-        if isinstance(self.optimizer, ShardedOptimizer):
-            return self.optimizer.grad_norm_sq(counted)
-        return grad_norm_sq(counted, self.ctx)
+        return self.optimizer.grad_norm_sq(counted, self.ctx)
 
     def optimizer_step(self, index: int) -> None:
         record = self.engine.record

@@ -71,17 +71,15 @@ class LocalChunk:
     is_first: bool
     is_last: bool
     params: dict[str, nn.Parameter] = field(default_factory=dict)
+    # FSDP2 holds the chunk's parameters: gathered copies, not ``params``, enter the graph
+    fully_sharded: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.params:
-            self.params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-
-    @property
-    def fully_sharded(self) -> bool:
-        """FSDP2 holds the chunk's parameters: gathered copies, not ``params``, enter the graph."""
         from torch.distributed.fsdp import FSDPModule
 
-        return isinstance(self.module, FSDPModule)
+        if not self.params:
+            self.params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        self.fully_sharded = isinstance(self.module, FSDPModule)
 
 
 class StepHooks(Protocol):

@@ -52,7 +52,6 @@ from .config import (
     check_host_memory,
     check_kfac,
     check_outputs,
-    check_pipeline_layout,
     check_sharding,
     check_sinks,
     check_task,
@@ -85,7 +84,6 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     """Every check that needs no process group: run it before launching anything. Returns the
     validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
-    check_pipeline_layout(config)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
@@ -260,9 +258,7 @@ class Trainer:
         if grad_norm is None:  # the executor left the update to the loop
             self.phase.name = f"step {step} gradient clipping"
             with self.tracer.span("X:clip"):
-                norm = (self.optimizer.global_norm() if isinstance(self.optimizer, ShardedOptimizer)
-                        else global_grad_norm(self.params, self.ctx))
-                grad_norm = self.optimizer.clip(norm)
+                grad_norm = self.optimizer.clip(self.optimizer.global_norm(self.ctx))
             self.phase.name = f"step {step} optimizer"
             with self.tracer.span("U"):
                 self.optimizer.step()

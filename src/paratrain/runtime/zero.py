@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from .checkpoint.state import MOMENTS
 from .comm import layer as comm
 from .config import TrainConfig
 from .data_parallel import SpanRecorder, local_tensor
@@ -39,8 +40,6 @@ from .mesh import RuntimeContext
 from .optim import Optimizer
 
 __all__ = ["ShardedParams", "ShardedOptimizer"]
-
-MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state (checkpoint keys optim/<name>/<moment>)
 
 
 def _flat(p: torch.Tensor) -> torch.Tensor:
@@ -89,12 +88,19 @@ class ShardedParams:
         for shard, off in zip(self.shards, self.offsets, strict=True):
             shard.grad = segment[off: off + shard.numel()].clone()
 
-    def local_segment(self) -> torch.Tensor:
-        """The all-gather's input: this rank's slices, each at its offset (padding zero)."""
+    def local_segment(self, values: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The all-gather's input: this rank's slices (or ``values`` shaped like them, e.g. AdamW's
+        moments of the slices), each at its offset (padding zero)."""
         mine = torch.zeros(self.segment, dtype=self.shards[0].dtype, device=self.shards[0].device)
-        for shard, off in zip(self.shards, self.offsets, strict=True):
-            mine[off: off + shard.numel()] = shard
+        for v, off in zip(self.shards if values is None else values, self.offsets, strict=True):
+            mine[off: off + v.numel()] = v
         return mine
+
+    def gather_rows(self, mine: torch.Tensor, group: dist.ProcessGroup, purpose: str) -> torch.Tensor:
+        """Every rank's ``mine`` (a :meth:`local_segment`) as ``(world, segment)`` rows."""
+        rows = torch.empty(self.world, self.segment, dtype=mine.dtype, device=mine.device)
+        comm.all_gather(list(rows.unbind(0)), mine, group, axis="dp", purpose=purpose)
+        return rows
 
     def unpack_one(self, rows: torch.Tensor, i: int) -> torch.Tensor:
         """Parameter ``i``'s whole local tensor (a new one) out of all-gathered ``(world, segment)`` rows."""
@@ -110,10 +116,7 @@ class ShardedParams:
 
     def gather_params(self, group: dist.ProcessGroup) -> None:
         """All-gather the updated slices into every rank's full parameters."""
-        mine = self.local_segment()
-        rows = torch.empty(self.world, self.segment, dtype=mine.dtype, device=mine.device)
-        comm.all_gather(list(rows.unbind(0)), mine, group, axis="dp", purpose="zero1_params")
-        self.unpack_params(rows)
+        self.unpack_params(self.gather_rows(self.local_segment(), group, "zero1_params"))
 
 
 @dataclass
@@ -142,6 +145,7 @@ class ShardedOptimizer(Optimizer):
                 sharded = ShardedParams(params, dist.get_world_size(group), dist.get_rank(group))
                 self.units.append(_Unit(sharded, group))
         self.model_params = [p for u in self.units for p in u.sharded.params]
+        self._unit_index = {tuple(id(p) for p in u.sharded.params): i for i, u in enumerate(self.units)}
         self._shard_of: dict[int, torch.Tensor] = {}
         self._counted: dict[int, bool] = {}
         shards, decay = [], []
@@ -188,29 +192,26 @@ class ShardedOptimizer(Optimizer):
 
     def unit_of(self, params: list[nn.Parameter]) -> int:
         """The index of the unit holding exactly ``params`` (a pipeline chunk's)."""
-        ids = [id(p) for p in params]
-        for i, u in enumerate(self.units):
-            if [id(p) for p in u.sharded.params] == ids:
-                return i
-        raise KeyError("no zero1 unit holds these parameters")
+        return self._unit_index[tuple(id(p) for p in params)]
 
     def shard_grad(self, p: nn.Parameter) -> torch.Tensor | None:
         """The reduced gradient of this rank's slice of ``p`` (after :meth:`finish`)."""
         return self._shard_of[id(p)].grad
 
     # ----- the step ---------------------------------------------------------------------------------
-    def grad_norm_sq(self, params: list[nn.Parameter] | None = None) -> torch.Tensor:
-        """This rank's share of the squared norm of the gradients of ``params`` (default: all): its
-        slices, each counted on every data-parallel rank and, when replicated over tp, at tp 0."""
+    def grad_norm_sq(self, params: list[nn.Parameter], ctx: RuntimeContext | None = None) -> torch.Tensor:
+        """This rank's share of the squared norm of the gradients of ``params`` (model parameters):
+        their slices, each counted on every data-parallel rank and, when replicated over tp, at tp 0."""
         sq = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for p in self.model_params if params is None else params:
+        for p in params:
             g = self._shard_of[id(p)].grad
             if g is not None and self._counted[id(p)]:
                 sq += g.to(torch.promote_types(g.dtype, torch.float32)).pow(2).sum()
         return sq
 
-    def global_norm(self) -> torch.Tensor:
-        sq = self.grad_norm_sq()
+    def global_norm(self, ctx: RuntimeContext | None = None) -> torch.Tensor:
+        """The gradients' L2 norm over every rank, from the reduced slices."""
+        sq = self.grad_norm_sq(self.model_params)
         if self.ctx.world_size > 1:
             comm.all_reduce(sq, axis="none", purpose="grad_norm")
         return sq.sqrt()
@@ -232,15 +233,8 @@ class ShardedOptimizer(Optimizer):
         out: dict[int, dict[str, torch.Tensor]] = {}
         for u in self.units:
             sp = u.sharded
-            rows_of = {}
-            for k in MOMENTS:
-                mine = torch.zeros_like(sp.local_segment())
-                for shard, off in zip(sp.shards, sp.offsets, strict=True):
-                    if shard.numel():
-                        mine[off: off + shard.numel()] = states[shard][k]
-                rows = torch.empty(sp.world, sp.segment, dtype=mine.dtype, device=mine.device)
-                comm.all_gather(list(rows.unbind(0)), mine, u.group, axis="dp", purpose="zero1_checkpoint")
-                rows_of[k] = rows
+            rows_of = {k: sp.gather_rows(sp.local_segment([states[s][k] if s.numel() else s for s in sp.shards]),
+                                         u.group, "zero1_checkpoint") for k in MOMENTS}
             for i, p in enumerate(sp.params):
                 entry = {k: _like_param(p, sp.unpack_one(rows, i)) for k, rows in rows_of.items()}
                 out[id(p)] = {**entry, "step": step.clone()}
