@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.runtime import forkrun
 
 from paratrain.cost.tensor_parallel import tp_parts
 from paratrain.runtime.calibrate import measurement_steps
@@ -30,8 +31,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("tp-comm") / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(out)]
+    cmd = forkrun.command(2, str(HARNESS), str(out))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1",
                                                                                   **_env()})
     assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -1,6 +1,7 @@
 """Two backends mixed in one process group never deadlock and compute what one backend computes.
 
-One 4-process launch runs this file as a torchrun worker (the ``__main__`` part): every rank draws
+One 4-process launch (tests/runtime/forkrun.py: torchrun's environment) runs this file as a worker
+(the ``__main__`` part): every rank draws
 the same random program from a shared seed — several hundred calls of every operation the layer
 offers (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, ring transfers), on the
 world group and on two pairs of ranks, synchronous or asynchronous, with sizes on both sides of the
@@ -64,8 +65,9 @@ def test_random_call_orders_on_two_backends_never_deadlock(tmp_path: Path, backe
     out = tmp_path / "out.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", __file__, str(table), str(out), backend]
+    from tests.runtime import forkrun  # here: this file also runs as the workers' script
+
+    cmd = forkrun.command(WORLD, __file__, str(table), str(out), backend)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     report = json.loads(out.read_text())

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -66,8 +67,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
              "fp64": fp64} for name, layout, extra, fp64 in RUNS]
     spec = out / "runs.json"
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HERE / "layout_harness.py"), str(spec)]
+    cmd = forkrun.command(4, str(HERE / "layout_harness.py"), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=_env())
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return {r["name"]: {"rows": [json.loads(x) for x in (out / f"{r['name']}.jsonl").read_text().splitlines()],

@@ -12,13 +12,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
@@ -219,8 +219,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HERE / "layout_harness.py"), str(spec)]
+    cmd = forkrun.command(4, str(HERE / "layout_harness.py"), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return {r["name"]: {"rows": [json.loads(x) for x in (out / f"{r['name']}.jsonl").read_text().splitlines()],

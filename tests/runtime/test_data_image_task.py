@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
@@ -70,8 +70,7 @@ def _launch(out: Path, data: Path, nproc: int, workers: int) -> dict[str, Any]:
              "parallel": {"dp": nproc, "global_batch": GLOBAL_BATCH, "microbatch": MICROBATCH}}]
     spec = out / f"{name}.json"
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(spec)]
+    cmd = forkrun.command(nproc, str(HARNESS), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 0, f"launch of {nproc} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]

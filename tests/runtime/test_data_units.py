@@ -97,3 +97,18 @@ def test_whatif_bad_input(kw, field):
     with pytest.raises(ConfigError) as e:
         predict(M, **kw)
     assert e.value.field == field
+
+
+def test_an_items_augmentation_does_not_depend_on_the_default_dtype(tmp_path):
+    """A loader worker started by spawn or forkserver has float32 as its default dtype while a
+    float64 run's main process has float64: the crop and the flip must be drawn alike in both."""
+    generate_images(tmp_path / "d", 8, 32, classes=2)
+    keys = [(e, i) for e in range(3) for i in range(8)]
+    as32 = [ImageFolder(tmp_path / "d", image_size=16, seed=3, dtype=torch.float64)[k][0] for k in keys]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        as64 = [ImageFolder(tmp_path / "d", image_size=16, seed=3, dtype=torch.float64)[k][0] for k in keys]
+    finally:
+        torch.set_default_dtype(before)
+    assert all(torch.equal(a, b) for a, b in zip(as32, as64, strict=True))

@@ -18,12 +18,12 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.runtime import forkrun
 
 from paratrain.runtime.data.text import stdlib_dir
 from paratrain.runtime.data.tokenized import (
@@ -112,8 +112,7 @@ def test_eval_loss_matches_single_process_under_tp_dp_and_pipelines(tmp_path: Pa
     (out / "runs.json").write_text(json.dumps({"out": str(out), "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(out / "runs.json")]
+    cmd = forkrun.command(4, str(HARNESS), str(out / "runs.json"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 

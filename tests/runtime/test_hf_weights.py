@@ -38,6 +38,7 @@ from hf_fixtures import (  # noqa: E402
     make_hf_dir,
     relative_error,
 )
+from tests.runtime import forkrun
 
 from paratrain.runtime.models import build_model  # noqa: E402
 from paratrain.runtime.models.hf import hf_config, hf_tensors, load_weights, param_shapes  # noqa: E402
@@ -209,8 +210,7 @@ def layout_runs(hf_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     doc.write_text(json.dumps({"out": str(out), "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(doc)]
+    cmd = forkrun.command(2, str(HARNESS), str(doc))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return {r["name"]: torch.load(out / f"{r['name']}.pt") for r in runs}

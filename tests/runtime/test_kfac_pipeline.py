@@ -18,12 +18,12 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 from paratrain.parallel.config import ParallelConfig
 from paratrain.schedule.filled import FilledSchedule
@@ -88,8 +88,7 @@ def _env() -> dict[str, str]:
 def _launch(out: Path, nproc: int, runs: list[dict[str, Any]]) -> None:
     spec = out / f"runs{nproc}.json"
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(spec)]
+    cmd = forkrun.command(nproc, str(HARNESS), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=_env())
     assert proc.returncode == 0, f"launch of {nproc} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 

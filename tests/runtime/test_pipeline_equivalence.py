@@ -27,12 +27,12 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime import forkrun
 from torch.func import functional_call
 
 from paratrain.runtime.data import DataSource, load_corpus
@@ -53,10 +53,9 @@ DATA_CAP_BYTES = 2**20  # as in the harness
 def _torchrun(out: Path, nproc: int, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), "--out", str(out),
+    cmd = forkrun.command(nproc, str(HARNESS), "--out", str(out),
            "--steps", str(STEPS), "--layers", str(LAYERS), "--global-batch", str(GLOBAL_BATCH),
-           "--microbatch", str(MICROBATCH), "--seed", str(SEED), "--lr", str(LR), *args]
+           "--microbatch", str(MICROBATCH), "--seed", str(SEED), "--lr", str(LR), *args)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 

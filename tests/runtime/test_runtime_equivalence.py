@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -103,8 +104,7 @@ def _harness(out: Path, nproc: int) -> dict[str, dict[str, Any]]:
             runs.append({"name": key, "model": MODELS[model], "parallel": parallel, "train": train, "fp64": fp64})
     spec = out / "runs.json"
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(spec)]
+    cmd = forkrun.command(nproc, str(HARNESS), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=_env())
     assert proc.returncode == 0, f"launch of {nproc} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return {r["name"]: _read(out, r["name"]) for r in runs}

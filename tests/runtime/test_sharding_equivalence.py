@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tests.runtime import forkrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -52,8 +52,7 @@ def _launch(out: Path, nproc: int) -> None:
     spec.write_text(json.dumps({"out": str(out), "runs": runs}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HARNESS), str(spec)]
+    cmd = forkrun.command(nproc, str(HARNESS), str(spec))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, f"launch of {nproc} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 

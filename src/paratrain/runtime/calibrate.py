@@ -378,7 +378,9 @@ def measure_machine(
     import multiprocessing as mp
 
     tell = progress or _no_progress
-    ctx = mp.get_context("spawn")
+    # fork the workers from a server that imported torch once (see runtime/launch.py)
+    mp.set_forkserver_preload(["torch", "torch.distributed", "paratrain.runtime.calibrate"])
+    ctx = mp.get_context("forkserver")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as tmp:
         store = os.path.join(tmp, "store")

@@ -276,7 +276,9 @@ def tune(
 
     tell = progress or (lambda done, total, what: None)
     start = time.perf_counter()
-    ctx = mp.get_context("spawn")
+    # fork the workers from a server that imported torch once (see runtime/launch.py)
+    mp.set_forkserver_preload(["torch", "torch.distributed", "paratrain.runtime.comm.tune"])
+    ctx = mp.get_context("forkserver")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="paratrain-comm-tune-") as tmp:
         store = os.path.join(tmp, "store")

@@ -74,7 +74,7 @@ def train_transform(img: Image.Image, size: int, gen: torch.Generator) -> torch.
     """Random resized crop to ``size`` x ``size``, random horizontal flip, tensor, normalize."""
     left, top, w, h = crop_box(img.width, img.height, gen)
     out = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-    if float(torch.rand((), generator=gen)) < 0.5:
+    if _uniform(gen, 0.0, 1.0) < 0.5:  # a float64 draw: the flip must not depend on the default dtype
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return normalize(to_tensor(out))
 
