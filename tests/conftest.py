@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a slow test run first, each file's tests in their order: the suite runs on two
+    xdist workers file by file (pyproject's addopts), and a long file picked up last would leave
+    one worker alone at the end."""
+    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
+
+
 @pytest.fixture(autouse=True)
 def _own_calibration_cache(tmp_path_factory, monkeypatch):
     """Tests never read (or write) the user's `paratrain calibrate` results: the `cpu` device is
