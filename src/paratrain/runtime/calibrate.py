@@ -39,6 +39,7 @@ from typing import Any
 
 from paratrain.errors import ConfigError
 from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch, tp_group_sizes
+from paratrain.runtime.forkserver import forked_workers
 from paratrain.spec.device import DeviceSpec
 from paratrain.spec.device_presets import DEVICE_PRESETS
 
@@ -375,14 +376,12 @@ def measure_machine(
         torch.set_num_threads(threads)
         # alone: no core count recorded (no cluster file carries it), its rates stay as measured
         return measure_cpu(progress=progress), None
-    import multiprocessing as mp
 
     tell = progress or _no_progress
-    # fork the workers from a server that imported torch once (see runtime/launch.py)
-    mp.set_forkserver_preload(["torch", "torch.distributed", "paratrain.runtime.calibrate"])
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as tmp:
+    # workers fork from a server that imported torch once (runtime/forkserver.py)
+    preload = ["torch", "torch.distributed", "paratrain.runtime.calibrate"]
+    with forked_workers(preload) as ctx, tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as tmp:
+        queue = ctx.Queue()
         store = os.path.join(tmp, "store")
         ps = [ctx.Process(target=_worker, args=(r, procs, threads, store, queue)) for r in range(procs)]
         for p in ps:

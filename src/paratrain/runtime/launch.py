@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 import socket
@@ -28,6 +27,7 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec, resolve_model
 
+from .forkserver import forked_workers
 from .mesh import check_world_size
 from .train import TrainConfig, validate_run, worker_main
 
@@ -120,10 +120,6 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
     if threads_per_proc is None:
         # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
         threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)
-    # Workers fork from a server that imported the runtime once (torch, DTensor, the pipelining
-    # module: ~2.3 s of CPU each) instead of each importing it again as spawned processes do. The
-    # server starts before any CUDA or thread state exists, so forking from it is safe.
-    multiprocessing.set_forkserver_preload(["paratrain.runtime.train"])
     lc = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"paratrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": int(train.timeout_s)},
@@ -134,7 +130,8 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
     )
     interrupted: list[int] = []
     try:
-        with _quiet_agent(), _stop_on_signals(interrupted):
+        # workers fork from a server that imported the runtime once (runtime/forkserver.py)
+        with _quiet_agent(), _stop_on_signals(interrupted), forked_workers(["paratrain.runtime.train"]):
             results = elastic_launch(lc, _elastic_entry)(spec.to_dict(), config.to_dict(), train.to_dict(),
                                                           threads_per_proc, dict(os.environ))
     except ChildFailedError as e:

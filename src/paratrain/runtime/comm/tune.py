@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.runtime.forkserver import forked_workers
 
 from .table import BACKENDS, OPS, Measurement, TuningTable, check_backend, choices_from_measurements
 
@@ -272,15 +273,13 @@ def tune(
                           "use e.g. --repeats 10")
     sizes_t = tuple(sorted(set(sizes))) if sizes else message_sizes()
     usable, skipped = available_backends(backends)
-    import multiprocessing as mp
 
     tell = progress or (lambda done, total, what: None)
     start = time.perf_counter()
-    # fork the workers from a server that imported torch once (see runtime/launch.py)
-    mp.set_forkserver_preload(["torch", "torch.distributed", "paratrain.runtime.comm.tune"])
-    ctx = mp.get_context("forkserver")
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="paratrain-comm-tune-") as tmp:
+    # workers fork from a server that imported torch once (runtime/forkserver.py)
+    preload = ["torch", "torch.distributed", "paratrain.runtime.comm.tune"]
+    with forked_workers(preload) as ctx, tempfile.TemporaryDirectory(prefix="paratrain-comm-tune-") as tmp:
+        q = ctx.Queue()
         store = os.path.join(tmp, "store")
         ps = [ctx.Process(target=_worker, args=(r, procs, store, usable, ops_t, sizes_t, warmup, repeats, threads, q))
               for r in range(procs)]

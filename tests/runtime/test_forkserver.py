@@ -1,0 +1,51 @@
+"""Workers forked from a preloaded server: their CPU time reaches the launcher's accounting, and
+each launch gives them the launcher's environment as it is then."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from paratrain.runtime.forkserver import forked_workers
+from paratrain.runtime.launch import _sync_environ
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.dist
+def test_the_workers_cpu_time_is_counted_as_the_launchers_childrens() -> None:
+    before = os.times()
+    with forked_workers([]) as ctx:
+        procs = [ctx.Process(target=_burn, args=(0.4,)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
+    after = os.times()
+    children = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+    # 0.8 s of the workers' CPU plus the server's own; a server left running would add nothing
+    assert children >= 0.75, children
+
+
+def test_a_launch_gives_workers_the_launchers_environment_and_keeps_the_agents(monkeypatch) -> None:
+    # the worker as forked: the server's environment from its start, then the agent's variables
+    monkeypatch.setenv("PARATRAIN_FAULT", "kill:1:3")      # stale: the launcher has dropped it since
+    monkeypatch.setenv("PARATRAIN_TEST_SAME", "1")
+    monkeypatch.setenv("RANK", "1")                         # the agent's
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")        # the agent's
+    monkeypatch.delenv("PARATRAIN_TEST_NEW", raising=False)
+    launcher = {k: v for k, v in os.environ.items() if k not in ("PARATRAIN_FAULT", "RANK", "TORCHELASTIC_RUN_ID")}
+    launcher["PARATRAIN_TEST_NEW"] = "set after the server started"
+    launcher["RANK"] = "0"                                  # the launcher's own, not the worker's
+    _sync_environ(launcher)
+    assert "PARATRAIN_FAULT" not in os.environ
+    assert os.environ["PARATRAIN_TEST_NEW"] == "set after the server started"
+    assert os.environ["PARATRAIN_TEST_SAME"] == "1"
+    assert os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RUN_ID"] == "abc"
