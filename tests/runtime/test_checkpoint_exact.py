@@ -68,21 +68,26 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> 
     assert (ckpt / f"step_{STEPS:08d}" / "paratrain-checkpoint.json").is_file()
 
 
-def test_zero1_checkpoint_resumes_exactly(tmp_path: Path) -> None:
-    """``--sharding zero1`` keeps AdamW's state in slices; a checkpoint gathers it into whole
-    parameters (the format every layout loads) and a resume slices it back: resumed from step 4 of
-    an 8-step run (its step-8 checkpoint removed), every loss, gradient norm and final parameter
-    equals the uninterrupted run's bit for bit."""
+@pytest.mark.parametrize("layout", [
+    # paratrain's distributed optimizer: AdamW's state in dp slices, gathered into whole parameters
+    # at a checkpoint (the format every layout loads) and sliced back at a resume
+    ("--sharding", "zero1"),
+    # FSDP2 inside the pipeline engine: every chunk's parameters and state sharded over its stage's dp
+    ("--sharding", "zero3", "--dp-impl", "fsdp", "--pp", "2", "--nproc", "4", "--schedule", "1f1b"),
+], ids=["zero1-dp2", "zero3-dp2-pp2"])
+def test_sharded_checkpoint_resumes_exactly(tmp_path: Path, layout: tuple[str, ...]) -> None:
+    """Resumed from step 4 of an 8-step run (its step-8 checkpoint removed), every loss, gradient
+    norm and final parameter of a sharded layout equals the uninterrupted run's bit for bit."""
     steps, every = 8, 4
-    zero1 = ["--sharding", "zero1", "--steps", str(steps), "--checkpoint-every", str(every)]
+    sharded = [*layout, "--steps", str(steps), "--checkpoint-every", str(every)]
     ckpt = tmp_path / "ckpt"
-    ref = _train(*zero1, "--checkpoint-dir", str(ckpt), "--metrics", str(tmp_path / "ref.jsonl"),
+    ref = _train(*sharded, "--checkpoint-dir", str(ckpt), "--metrics", str(tmp_path / "ref.jsonl"),
                  "--save-final", str(tmp_path / "ref.pt"))
     assert ref.returncode == 0, ref.stderr[-3000:]
     import shutil
 
     shutil.rmtree(ckpt / f"step_{steps:08d}")  # the newest left is step 4's
-    resumed = _train(*zero1, "--checkpoint-dir", str(ckpt), "--resume", "--metrics", str(tmp_path / "resumed.jsonl"),
+    resumed = _train(*sharded, "--checkpoint-dir", str(ckpt), "--resume", "--metrics", str(tmp_path / "resumed.jsonl"),
                      "--save-final", str(tmp_path / "resumed.pt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {ckpt / f'step_{every:08d}'} (step {every}" in resumed.stdout
