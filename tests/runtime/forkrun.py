@@ -39,6 +39,7 @@ def command(nproc: int, script: str | Path, *args: str) -> list[str]:
 def _rank_main(rank: int, world: int, port: int, script: str, args: list[str]) -> None:
     # die with the server (and so with the launcher) instead of waiting in a collective forever
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    multiprocessing.set_start_method(None, force=True)  # the platform's default, as under torchrun
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.argv = [script, *args]

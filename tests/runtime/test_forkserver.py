@@ -3,12 +3,13 @@ each launch gives them the launcher's environment as it is then."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
 import pytest
 
-from paratrain.runtime.forkserver import forked_workers
+from paratrain.runtime.forkserver import as_started_fresh, forked_workers
 from paratrain.runtime.launch import _sync_environ
 
 
@@ -49,3 +50,22 @@ def test_a_launch_gives_workers_the_launchers_environment_and_keeps_the_agents(m
     assert os.environ["PARATRAIN_TEST_NEW"] == "set after the server started"
     assert os.environ["PARATRAIN_TEST_SAME"] == "1"
     assert os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RUN_ID"] == "abc"
+
+
+def _start_method(queue) -> None:
+    inherited = multiprocessing.get_start_method()
+    as_started_fresh()
+    queue.put((inherited, multiprocessing.get_start_method()))
+
+
+@pytest.mark.dist
+def test_a_forked_worker_starts_its_own_subprocesses_like_a_fresh_process() -> None:
+    default = multiprocessing.get_context().get_start_method()  # this process's, never set by the suite
+    with forked_workers([]) as ctx:
+        queue = ctx.Queue()
+        p = ctx.Process(target=_start_method, args=(queue,))
+        p.start()
+        inherited, fresh = queue.get(timeout=60)
+        p.join(60)
+    assert inherited == "forkserver"  # what it would use without the reset
+    assert fresh == default

@@ -17,7 +17,7 @@ import multiprocessing
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 
-__all__ = ["forked_workers"]
+__all__ = ["forked_workers", "as_started_fresh"]
 
 
 @contextlib.contextmanager
@@ -37,3 +37,11 @@ def _stop_server() -> None:
     stop = getattr(forkserver._forkserver, "_stop", None)
     if stop is not None:
         stop()
+
+
+def as_started_fresh() -> None:
+    """In a forked worker: its own subprocesses (a DataLoader's workers) start by the platform's
+    default method, as in a process that ``torchrun`` starts. A fork server's child inherits
+    ``forkserver`` as its default, which would start them from a server of its own that has
+    imported nothing, each then importing torch again."""
+    multiprocessing.set_start_method(None, force=True)
