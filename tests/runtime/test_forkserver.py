@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from paratrain.runtime.forkserver import as_started_fresh, forked_workers
+from paratrain.runtime.forkserver import forked_workers, worker_started
 from paratrain.runtime.launch import _sync_environ
 
 
@@ -54,7 +56,7 @@ def test_a_launch_gives_workers_the_launchers_environment_and_keeps_the_agents(m
 
 def _start_method(queue) -> None:
     inherited = multiprocessing.get_start_method()
-    as_started_fresh()
+    worker_started()
     queue.put((inherited, multiprocessing.get_start_method()))
 
 
@@ -69,3 +71,33 @@ def test_a_forked_worker_starts_its_own_subprocesses_like_a_fresh_process() -> N
         p.join(60)
     assert inherited == "forkserver"  # what it would use without the reset
     assert fresh == default
+
+
+def _linger(ready) -> None:
+    worker_started()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to a shutdown, like a worker the launcher never knew
+    ready.set()
+    time.sleep(600)
+
+
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "State:\tZ" in status.read_text()  # dead, waiting for its new parent to reap it
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.dist
+def test_a_worker_left_behind_dies_with_the_server_after_the_grace() -> None:
+    start = time.monotonic()
+    with forked_workers([], grace_s=0.5) as ctx:
+        ready = ctx.Event()
+        p = ctx.Process(target=_linger, args=(ready,), daemon=True)
+        p.start()
+        assert ready.wait(60)
+    assert time.monotonic() - start < 30  # not the worker's 600 s
+    deadline = time.monotonic() + 10
+    while not _gone(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(p.pid)

@@ -39,7 +39,7 @@ from typing import Any
 
 from paratrain.errors import ConfigError
 from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch, tp_group_sizes
-from paratrain.runtime.forkserver import forked_workers
+from paratrain.runtime.forkserver import forked_workers, worker_started
 from paratrain.spec.device import DeviceSpec
 from paratrain.spec.device_presets import DEVICE_PRESETS
 
@@ -332,6 +332,7 @@ def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None
     """One calibration process: compute figures measured while every process measures, then the
     communication figures. Messages to the parent: ``("progress", rank, (done, total, what))``
     from rank 0, then ``("result", rank, (cpu, comm))`` or ``("error", rank, text)``."""
+    worker_started()
     import torch
     import torch.distributed as dist
 

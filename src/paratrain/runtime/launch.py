@@ -27,7 +27,7 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec, resolve_model
 
-from .forkserver import as_started_fresh, forked_workers
+from .forkserver import forked_workers, worker_started
 from .mesh import check_world_size
 from .train import TrainConfig, validate_run, worker_main
 
@@ -99,7 +99,7 @@ def _sync_environ(launcher_env: dict[str, str]) -> None:
 
 def _elastic_entry(spec_dict: dict[str, Any], config_dict: dict[str, Any], train_dict: dict[str, Any],
                    threads: int | None, launcher_env: dict[str, str]) -> list[dict[str, Any]]:
-    as_started_fresh()
+    worker_started()
     _sync_environ(launcher_env)
     if threads is not None:
         import torch

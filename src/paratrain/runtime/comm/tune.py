@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.runtime.forkserver import forked_workers
+from paratrain.runtime.forkserver import forked_workers, worker_started
 
 from .table import BACKENDS, OPS, Measurement, TuningTable, check_backend, choices_from_measurements
 
@@ -199,6 +199,7 @@ def _worker(rank: int, world: int, store: str, backends: tuple[str, ...], ops: t
             sizes: tuple[int, ...], warmup: int, repeats: int, threads: int, out: Any) -> None:
     """One tuning process. Messages: ``("progress", done, total, what)`` from rank 0, then
     ``("result", rank, [(op, backend, group_size, bytes, median_s), ...])`` or ``("error", rank, text)``."""
+    worker_started()
     try:
         import torch
         import torch.distributed as dist
