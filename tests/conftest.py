@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import pytest
 
+# The longest files, longest first (pytest --durations, 2026-11-24): xdist hands files out in
+# collection order, so these start first and the short ones fill the end.
+LONGEST_FILES = (
+    "tests/runtime/test_checkpoint_async.py", "tests/runtime/test_checkpoint_exact.py", "tests/test_readme.py",
+    "tests/runtime/test_runtime_equivalence.py", "tests/runtime/test_compress.py",
+    "tests/runtime/test_runtime_faults.py", "tests/runtime/test_checkpoint_reshard.py",
+    "tests/runtime/test_sharding_equivalence.py", "tests/runtime/test_train_signals.py",
+    "tests/runtime/test_checkpoint_atomicity.py", "tests/runtime/test_pipeline_equivalence.py",
+    "tests/cost/test_cost_calibrate.py",
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a slow test run first, each file's tests in their order: the suite runs on two
-    xdist workers file by file (pyproject's addopts), and a long file picked up last would leave
-    one worker alone at the end."""
+    """The longest files first, then the other files with a slow test, each file's tests in their
+    order: the suite runs on two xdist workers file by file (pyproject's addopts), and a long file
+    picked up last would leave one worker alone at the end."""
     slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
+
+    def key(item: pytest.Item) -> tuple[int, bool]:
+        path = item.nodeid.split("::")[0]
+        rank = LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+        return rank, path not in slow_files
+
+    items.sort(key=key)
 
 
 @pytest.fixture(autouse=True)
