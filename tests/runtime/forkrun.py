@@ -66,12 +66,10 @@ def main() -> int:
              for r in range(ns.nproc)]
     for p in procs:
         p.start()
-    failed: tuple[int, int] | None = None
-    while failed is None and any(p.exitcode is None for p in procs):
-        for r, p in enumerate(procs):
-            if p.exitcode not in (None, 0):
-                failed = (r, p.exitcode)
-                break
+    def first_failure() -> tuple[int, int] | None:
+        return next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+
+    while (failed := first_failure()) is None and any(p.exitcode is None for p in procs):
         time.sleep(0.05)
     if failed is None:
         return 0

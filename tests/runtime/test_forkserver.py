@@ -3,6 +3,7 @@ each launch gives them the launcher's environment as it is then."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -101,3 +102,30 @@ def test_a_worker_left_behind_dies_with_the_server_after_the_grace() -> None:
     while not _gone(p.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(p.pid)
+
+
+@pytest.mark.dist
+def test_forkrun_gives_torchruns_environment_and_the_first_failures_code(tmp_path: Path) -> None:
+    """The tests' launcher (tests/runtime/forkrun.py): each rank sees RANK / WORLD_SIZE / MASTER_*
+    as under torchrun, and a rank's failure is the launch's exit code, the others stopped."""
+    import subprocess
+
+    from tests.runtime import forkrun
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import json, os, pathlib, sys, time\n"
+        "env = {k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}\n"
+        "pathlib.Path(sys.argv[1], 'rank' + env['RANK']).write_text(json.dumps(env))\n"
+        "if sys.argv[2] == 'fail' and env['RANK'] == '1':\n"
+        "    sys.exit(3)\n"
+        "time.sleep(0 if sys.argv[2] == 'ok' else 60)\n")
+    ok = subprocess.run(forkrun.command(2, script, tmp_path, "ok"), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    envs = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(2)]
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    start = time.monotonic()
+    failed = subprocess.run(forkrun.command(2, script, tmp_path, "fail"), capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 3 and "rank 1 exited with code 3" in failed.stderr
+    assert time.monotonic() - start < 30  # rank 0 stopped, not waited for
