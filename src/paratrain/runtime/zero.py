@@ -147,13 +147,15 @@ class ShardedOptimizer(Optimizer):
         self.model_params = [p for u in self.units for p in u.sharded.params]
         self._unit_index = {tuple(id(p) for p in u.sharded.params): i for i, u in enumerate(self.units)}
         self._shard_of: dict[int, torch.Tensor] = {}
+        self._bounds_of: dict[int, tuple[int, int]] = {}  # the slice's element range in the flat parameter
         self._counted: dict[int, bool] = {}
         shards, decay = [], []
         for u in self.units:
-            for p, shard in zip(u.sharded.params, u.sharded.shards, strict=True):
+            for p, shard, bounds in zip(u.sharded.params, u.sharded.shards, u.sharded.bounds, strict=True):
                 if id(p) in self._shard_of:  # two slices of one storage would both be stepped
                     raise ValueError("zero1: a parameter is held by two chunks of this rank")
                 self._shard_of[id(p)] = shard
+                self._bounds_of[id(p)] = bounds
                 self._counted[id(p)] = _counts_on_tp(p, ctx)
                 if shard.numel():  # a rank past a small parameter's end owns nothing of it
                     shards.append(shard)
@@ -243,13 +245,12 @@ class ShardedOptimizer(Optimizer):
     def load_full_state(self, p: nn.Parameter, state: dict[str, torch.Tensor]) -> None:
         """Set AdamW's state of this rank's slice of ``p`` from whole-parameter ``state`` (as
         :meth:`full_state` gives it and a checkpoint holds it)."""
-        for u in self.units:
-            for q, shard, (lo, hi) in zip(u.sharded.params, u.sharded.shards, u.sharded.bounds, strict=True):
-                if q is p and shard.numel():
-                    st = self.adamw.state[shard]
-                    st["step"] = state["step"].detach().clone()
-                    for k in MOMENTS:
-                        st[k] = local_tensor(state[k]).detach().reshape(-1)[lo:hi].clone()
+        shard, (lo, hi) = self._shard_of[id(p)], self._bounds_of[id(p)]
+        if shard.numel():  # a rank past a small parameter's end owns nothing of it
+            st = self.adamw.state[shard]
+            st["step"] = state["step"].detach().clone()
+            for k in MOMENTS:
+                st[k] = local_tensor(state[k]).detach().reshape(-1)[lo:hi].clone()
 
 
 def _like_param(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
