@@ -17,18 +17,16 @@ them once. On a 2-core CI machine that is most of a small launch.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import multiprocessing
 import os
 import runpy
-import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
+from paratrain.runtime.forkserver import forked_workers, worker_started
+
 PRELOAD = ["paratrain.runtime.train"]
-_PR_SET_PDEATHSIG = 1
 
 
 def command(nproc: int, script: str | Path, *args: str) -> list[str]:
@@ -37,9 +35,8 @@ def command(nproc: int, script: str | Path, *args: str) -> list[str]:
 
 
 def _rank_main(rank: int, world: int, port: int, script: str, args: list[str]) -> None:
-    # die with the server (and so with the launcher) instead of waiting in a collective forever
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    multiprocessing.set_start_method(None, force=True)  # the platform's default, as under torchrun
+    # dies with the server instead of waiting in a collective forever; subprocesses as under torchrun
+    worker_started()
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.argv = [script, *args]
@@ -59,27 +56,28 @@ def main() -> int:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
-    multiprocessing.set_forkserver_preload(PRELOAD)
-    ctx = multiprocessing.get_context("forkserver")
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, ns.nproc, port, ns.script, ns.args), name=f"rank{r}")
-             for r in range(ns.nproc)]
-    for p in procs:
-        p.start()
-    def first_failure() -> tuple[int, int] | None:
-        return next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+    # the server is stopped and reaped when the ranks are done (a rank left over dies with it)
+    with forked_workers(PRELOAD) as ctx:
+        procs = [ctx.Process(target=_rank_main, args=(r, ns.nproc, port, ns.script, ns.args), name=f"rank{r}")
+                 for r in range(ns.nproc)]
+        for p in procs:
+            p.start()
 
-    while (failed := first_failure()) is None and any(p.exitcode is None for p in procs):
-        time.sleep(0.05)
-    if failed is None:
-        return 0
-    for p in procs:
-        if p.exitcode is None:
-            p.terminate()
-    for p in procs:
-        p.join(10)
-        if p.exitcode is None:
-            p.kill()
+        def first_failure() -> tuple[int, int] | None:
+            return next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+
+        while (failed := first_failure()) is None and any(p.exitcode is None for p in procs):
+            time.sleep(0.05)
+        if failed is None:
+            return 0
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+        for p in procs:
+            p.join(10)
+            if p.exitcode is None:
+                p.kill()
     rank, code = failed
     print(f"forkrun: rank {rank} exited with code {code}", file=sys.stderr)
     return code if code > 0 else 1
