@@ -66,12 +66,20 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llama-dp2-tp2": ("llama", {"dp": 2, "tp": 2}, {}),
     "bert-single": ("bert", {}, {}),
     "bert-tp2-sp": ("bert", {"tp": 2, "sequence_parallel": True}, {}),
+    # context parallelism: ring attention over the cp ranks, each on 2 of 2*cp sequence chunks
+    "gpt-cp2": ("gpt", {"cp": 2}, {}),
+    "gpt-cp2-ddp": ("gpt", {"cp": 2}, {"dp_impl": "ddp"}),
+    "gpt-cp4": ("gpt", {"cp": 4}, {}),
+    "gpt-dp2-cp2": ("gpt", {"dp": 2, "cp": 2}, {}),
+    "gpt-tp2-cp2-sp": ("gpt", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
+    "llama-cp2": ("llama", {"cp": 2}, {}),
+    "llama-tp2-cp2": ("llama", {"tp": 2, "cp": 2}, {}),
 }
 TRACED = {"gpt-dp2-buckets"}
 
 
 def _world(layout: dict[str, Any]) -> int:
-    return layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1)
+    return layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
 
 
 def _read(out: Path, name: str) -> dict[str, Any]:
@@ -164,6 +172,18 @@ def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, Any]], name
 def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, Any]]) -> None:
     # GQA (2 key/value heads over tp=2), SwiGLU, RMSNorm, rotary, untied output, no biases.
     _assert_same_training(runs, "llama-dp2-tp2", "llama-single")
+
+
+@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp2-ddp", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp"])
+def test_gpt_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
+    # learned positions of the rank's zigzag chunks, causal ring attention, gradients over dp x cp
+    _assert_same_training(runs, name, "gpt-single")
+
+
+@pytest.mark.parametrize("name", ["llama-cp2", "llama-tp2-cp2"])
+def test_llama_like_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
+    # rotary tables of the rank's positions; the ring carries the key/value heads only (GQA)
+    _assert_same_training(runs, name, "llama-single")
 
 
 def test_bert_tp2_sequence_parallel_matches_single_process(runs: dict[str, dict[str, Any]]) -> None:

@@ -338,7 +338,7 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
     train = TrainConfig(dp_impl=default_dp_impl(config))
     try:
         check_model_layout(model, config)
-        check_context_parallel(config)
+        check_context_parallel(config, train, model)
         check_sharding(config, train)
     except ConfigError as e:
         return str(e)
@@ -407,26 +407,49 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
             "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
 
 
-def check_context_parallel(config: ParallelConfig) -> None:
-    """The runtime has no ring attention: a cp > 1 layout is for ``plan`` and ``simulate`` only."""
-    if config.cp > 1:
-        raise ConfigError("cp", f"context parallelism is planned and simulated, not run (cp {config.cp})",
-                          "train with --cp 1; predict cp layouts with `paratrain simulate --cp N` or `paratrain plan`")
+def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = None,
+                           model: ModelSpec | None = None) -> None:
+    """What the runtime's ring attention (runtime/context_parallel.py) runs with: cp beside dp and
+    tp (sequence parallelism included) on one pipeline stage, paratrain's or DDP's data-parallel
+    reduction, causal language models. ``train`` / ``model``: check those too when given."""
+    if config.cp == 1:
+        return
+    fix = "train with --cp 1, or predict it with `paratrain simulate --cp N` / `paratrain plan`"
+    if config.pp > 1:
+        raise ConfigError("cp", f"context parallelism is not run with a pipeline yet (cp {config.cp}, "
+                          f"pp {config.pp})", f"use --pp 1 with --cp; {fix}")
+    if config.sharding != "none":
+        raise ConfigError("--sharding", f"{config.sharding} is not run with context parallelism yet "
+                          f"(cp {config.cp})", "use --sharding none with --cp")
+    if config.compression != "none":
+        raise ConfigError("--compress", f"gradient compression is not run with context parallelism "
+                          f"(cp {config.cp})", "drop --compress with --cp")
+    if model is not None and not model.is_causal:
+        raise ConfigError("cp", f"context parallelism runs causal language models, not {model.arch.value} "
+                          f"(cp {config.cp})", f"use a GPT or Llama model with --cp; {fix}")
+    if train is None:
+        return
+    for flag, used, what in (("--dp-impl", train.dp_impl == "fsdp", "FSDP2 (--dp-impl fsdp)"),
+                             ("--optimizer", train.optimizer == "kfac", "K-FAC"),
+                             ("--task", train.task != "gpt", f"the {train.task} task"),
+                             ("--checkpoint-dir", train.checkpoint_dir is not None, "checkpointing")):
+        if used:
+            raise ConfigError(flag, f"{what} is not run with context parallelism yet (cp {config.cp})",
+                              f"drop {flag} with --cp, or use --cp 1")
 
 
 def check_world_size(config: ParallelConfig, world_size: int) -> None:
-    check_context_parallel(config)
     if config.world_size != world_size:
         raise ConfigError(
             "world size",
-            f"dp({config.dp})*tp({config.tp})*pp({config.pp})={config.world_size} != world_size({world_size})",
-            f"launch {config.world_size} processes (--nproc {config.world_size}) or change --dp/--tp/--pp",
+            f"{config.degrees_text}={config.world_size} != world_size({world_size})",
+            f"launch {config.world_size} processes (--nproc {config.world_size}) or change --dp/--tp/--pp/--cp",
         )
 
 
 def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
-    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
-    check_context_parallel(config)
+    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP and CP need."""
+    check_context_parallel(config, model=model)
     config.validate_for(model, even_layers=config.partition is None)
     if config.tp > 1:
         if model.num_kv_heads % config.tp:

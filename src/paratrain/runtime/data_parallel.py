@@ -216,7 +216,7 @@ def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, buck
     ("paratrain", "ddp" or "fsdp") over the mesh's dp axis: the module to run and its GradSync.
     With ``ctx.config.compression`` set, paratrain's reduction compresses
     (:class:`~paratrain.runtime.compress.sync.CompressedGradSync`, dense for ``compress_warmup`` steps)."""
-    dp = ctx.config.dp
+    dp = ctx.data_degree  # dp x cp: context-parallel ranks hold the same parameters as well
     if ctx.config.compression != "none" and dp > 1 and impl == "paratrain":
         from .compress.sync import CompressedGradSync
 
@@ -229,7 +229,7 @@ def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, buck
     if dp == 1:
         return model, NoGradSync()
     if impl == "ddp":
-        ddp = nn.parallel.DistributedDataParallel(model, process_group=ctx.group("dp"),
+        ddp = nn.parallel.DistributedDataParallel(model, process_group=ctx.data_group(),
                                                   bucket_cap_mb=bucket_bytes / 2**20)
         return ddp, DDPGradSync(ddp)
-    return model, BucketedAllReduce([model], ctx.group("dp"), bucket_bytes=bucket_bytes, recorder=recorder)
+    return model, BucketedAllReduce([model], ctx.data_group(), bucket_bytes=bucket_bytes, recorder=recorder)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .comm import layer as comm
+from .context_parallel import shard_batch
 from .data import Batch, DataSource
 from .data_parallel import local_tensor
 from .mesh import RuntimeContext
@@ -49,8 +50,9 @@ class Evaluator:
     executor: ``model`` (one stage) or ``chunks`` and ``schedule`` (a pipeline)."""
 
     def __init__(self, ctx: RuntimeContext, executor: Any, source: DataSource, *, batches: int, every: int | None,
-                 steps: int, autocast: Callable[[], Any]) -> None:
+                 steps: int, autocast: Callable[[], Any], positions: torch.Tensor | None = None) -> None:
         self.ctx, self.executor, self.source = ctx, executor, source
+        self.positions = positions  # context parallelism: this rank's tokens of each sequence
         self.batches, self.every, self.steps, self.autocast = batches, every, steps, autocast
         self.config = ctx.config
 
@@ -74,6 +76,8 @@ class Evaluator:
         with torch.no_grad():
             for k in range(self.batches):
                 batch = self.source.local_batch(k, self.ctx.dp_rank, self.config.dp)
+                if self.positions is not None:  # the cp ranks' sums over their tokens add up to the whole
+                    batch = shard_batch(batch, self.positions)
                 part = self._single_stage(batch) if self.config.pp == 1 else self._pipeline(batch)
                 if part is not None and self.ctx.tp_rank == 0:  # tp ranks hold the same loss: count it once
                     total += part

@@ -36,6 +36,9 @@ class RuntimeContext:
     mesh: DeviceMesh
     config: ParallelConfig
     timeout_s: float
+    # dp x cp ranks of this rank's (tp, pp) coordinate when cp > 1: parameters are replicated over
+    # both, so their gradients are reduced over both (Megatron-LM's data-context group)
+    dp_cp_group: dist.ProcessGroup | None = None
 
     @property
     def coords(self) -> dict[str, int]:
@@ -46,6 +49,19 @@ class RuntimeContext:
 
     def group(self, axis: str) -> dist.ProcessGroup:
         return self.mesh.get_group(axis)
+
+    def data_group(self) -> dist.ProcessGroup:
+        """The group a replicated parameter's gradient is averaged over: dp, or dp x cp."""
+        return self.dp_cp_group if self.dp_cp_group is not None else self.group("dp")
+
+    @property
+    def data_degree(self) -> int:
+        """How many ranks hold each parameter replica's gradients to average: dp x cp."""
+        return self.config.dp * self.config.cp
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coords["cp"]
 
     @property
     def dp_rank(self) -> int:
@@ -86,11 +102,20 @@ def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: st
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             _rendezvous(backend, rank, world, timeout, dev if use_cuda else None)
-    # The runtime refuses cp > 1 (runtime.config), so the context-parallel axis has size 1: leave it out.
-    dims = tuple(a for a in config.mesh_order if a != "cp")
+    # Without context parallelism the cp axis has size 1: leave it out of the mesh.
+    dims = tuple(a for a in config.mesh_order if a != "cp" or config.cp > 1)
     mesh = init_device_mesh(dev.type, tuple(config.axis_size(a) for a in dims), mesh_dim_names=dims)
+    dp_cp = None
+    if config.cp > 1:  # every rank creates every group, in the same order
+        dp_cp, _ = dist.new_subgroups_by_enumeration(_dp_cp_ranks(config))
     return RuntimeContext(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend,
-                          mesh=mesh, config=config, timeout_s=timeout_s)
+                          mesh=mesh, config=config, timeout_s=timeout_s, dp_cp_group=dp_cp)
+
+
+def _dp_cp_ranks(config: ParallelConfig) -> list[list[int]]:
+    """For each (pp, tp) coordinate, the global ranks of its dp x cp ranks."""
+    return [[config.rank_of(pp=p, dp=d, cp=c, tp=t) for d in range(config.dp) for c in range(config.cp)]
+            for p in range(config.pp) for t in range(config.tp)]
 
 
 class RendezvousError(RuntimeError):

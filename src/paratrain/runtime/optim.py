@@ -39,8 +39,8 @@ def counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
     """Whether this rank's copy of ``p`` is the one counted in the global norm.
 
     A shard counts on every rank holding a distinct piece; a replicated copy counts only on the
-    rank at coordinate 0 of each mesh axis it is replicated over (dp and tp; pipeline stages hold
-    distinct parameters, so pp never duplicates).
+    rank at coordinate 0 of each mesh axis it is replicated over (dp, cp and tp; pipeline stages
+    hold distinct parameters, so pp never duplicates).
     """
     coords = ctx.coords
     sharded_axes: set[str] = set()
@@ -48,7 +48,7 @@ def counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
     if isinstance(g, DTensor):
         names = g.device_mesh.mesh_dim_names or ()
         sharded_axes = {n for n, pl in zip(names, g.placements, strict=True) if not isinstance(pl, Replicate)}
-    return all(coords[a] == 0 for a in ("dp", "tp") if a not in sharded_axes)
+    return all(coords[a] == 0 for a in ("dp", "cp", "tp") if a not in sharded_axes)
 
 
 def grad_norm_sq(params: list[torch.Tensor], ctx: RuntimeContext) -> torch.Tensor:

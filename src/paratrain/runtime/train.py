@@ -48,6 +48,7 @@ from .config import (
     TrainConfig,
     check_checkpointing,
     check_compression,
+    check_context_parallel,
     check_eval,
     check_host_memory,
     check_kfac,
@@ -56,6 +57,7 @@ from .config import (
     check_sinks,
     check_task,
 )
+from .context_parallel import apply_context_parallel, make_ring, shard_batch
 from .data import Batch
 from .data.tokenized import run_data_sources
 from .data_parallel import GradSync, fully_shard_model, uses_fsdp, wrap_data_parallel
@@ -84,6 +86,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     """Every check that needs no process group: run it before launching anything. Returns the
     validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
+    check_context_parallel(config, train, spec)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
@@ -139,6 +142,7 @@ class Trainer:
             setup_image_task(self)
             return
         model = build_model(spec, train.seed)
+        self.positions: torch.Tensor | None = None  # this cp rank's tokens of each sequence (cp > 1)
         if train.init == "pretrained" and train.init_from is not None:
             from .models.hf import load_weights  # into the full model: every layout cuts the same numbers
 
@@ -151,6 +155,8 @@ class Trainer:
             # gradient hooks tensor parallelism registers on them.
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
+            if self.config.cp > 1:  # ring attention over the cp ranks, each on its tokens of every sequence
+                self.positions = apply_context_parallel(part, make_ring(ctx.group("cp"), spec.is_causal), spec.seq)
             grad_sync: GradSync
             if self._zero1():  # the distributed optimizer reduces the gradients itself (runtime/zero.py)
                 self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.group("dp"))], train, ctx,
@@ -199,7 +205,7 @@ class Trainer:
             tokenize_first=ctx.local_rank == 0, barrier=dist.barrier if ctx.world_size > 1 else None)
         self.evaluator = None if eval_source is None else Evaluator(
             ctx, self.executor, eval_source, batches=train.num_eval_batches, every=train.eval_every,
-            steps=train.steps, autocast=self.autocast)
+            steps=train.steps, autocast=self.autocast, positions=self.positions)
         if self.evaluator is not None and getattr(self.executor, "is_async", False):
             # PipeDream / 2BW: drain where an evaluation is due, so the weights are one state there
             self.executor.drain_at = self.evaluator.next_boundary
@@ -210,7 +216,8 @@ class Trainer:
         return self.config.sharding == "zero1" and self.config.dp > 1
 
     def _batch(self, step: int) -> Batch:
-        return self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)
+        batch = self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)
+        return batch if self.positions is None else shard_batch(batch, self.positions)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.train.bf16:
@@ -288,13 +295,14 @@ class Trainer:
 
     def _global_loss(self, local: torch.Tensor | None) -> float:
         # Ranks computing the loss hold it replicated over tp: count it once (tp coordinate 0),
-        # sum over the world (dp replicas; a pipeline's last stage) and average over dp.
+        # sum over the world (dp replicas; a pipeline's last stage) and average over dp (and over
+        # cp, whose ranks each hold the mean over their own tokens).
         t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)  # reported losses keep fp64 runs' digits
         if local is not None and self.ctx.tp_rank == 0:
             t += local
         if self.ctx.world_size > 1:
             comm.all_reduce(t, axis="none", purpose="loss")
-        return float(t) / self.config.dp
+        return float(t) / self.ctx.data_degree
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters of the whole model by name (a collective: every rank must call it)."""
@@ -316,9 +324,10 @@ class Trainer:
                 gathered = [mine]
             if self.ctx.rank == 0:
                 c = self.config
+                cp = f" cp={c.cp}" if c.cp > 1 else ""
                 write_trace(self.train.trace, [e for evs in gathered for e in evs], field="--trace",
                             metadata=self.trace_metadata(),
-                            title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp} "
+                            title=f"measured: paratrain train {self.spec.name} dp={c.dp} tp={c.tp} pp={c.pp}{cp} "
                                   f"({self.train.dp_impl})")
         if self.train.comm_log is not None:  # last: the calls above are in it
             from .comm.log import write_comm_log
@@ -346,7 +355,9 @@ class Trainer:
         c, ctx, data = self.config, self.ctx, self.data
         if self.train.task == "image":
             return data.describe(self.executor.model, c, ctx, self.train.dp_impl)
-        return (f"{self.spec.name}: {self.spec.param_count():,} parameters, dp={c.dp} tp={c.tp} pp={c.pp} "
+        cp = f" cp={c.cp} (ring attention, {self.spec.seq // c.cp} tokens of each sequence per rank)" if c.cp > 1 \
+            else ""
+        return (f"{self.spec.name}: {self.spec.param_count():,} parameters, dp={c.dp} tp={c.tp} pp={c.pp}{cp} "
                 f"({self.train.dp_impl} data parallel{self._sharding_words()}) "
                 f"on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
                 f"global batch {c.global_batch} = {c.num_microbatches} micro-batches of {c.microbatch} per replica, "

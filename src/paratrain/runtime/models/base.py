@@ -44,10 +44,15 @@ class TransformerLM(nn.Module):
         else:
             self.rope_cos = None
             self.rope_sin = None
+        self.positions: torch.Tensor | None = None  # set by context parallelism (see GPTEmbedding)
 
     def rope(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary tables of the tokens this rank holds, in the order it holds them."""
         if self.rope_cos is None:
             return None
+        if self.positions is not None:
+            pos = self.positions.to(self.rope_cos.device)
+            return self.rope_cos[pos], self.rope_sin[pos]
         return self.rope_cos, self.rope_sin
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:

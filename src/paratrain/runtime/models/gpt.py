@@ -27,11 +27,15 @@ class GPTEmbedding(nn.Module):
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.num_positions, spec.hidden) if spec.num_positions else None
         self.pad_token = spec.pad_token
+        # the tokens' positions in the sequence when this rank holds only some of them (context
+        # parallelism); None: all of them, in order
+        self.positions: torch.Tensor | None = None
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
         if self.pos is not None:
-            x_BSH = x_BSH + self.pos(torch.arange(tokens_BS.shape[1], device=tokens_BS.device))
+            pos = self.positions if self.positions is not None else torch.arange(tokens_BS.shape[1])
+            x_BSH = x_BSH + self.pos(pos.to(tokens_BS.device))
         return x_BSH
 
 

@@ -11,6 +11,7 @@ module runs unchanged when tensor parallelism gives each rank a column slice of 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,9 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, kv, bias=spec.bias)
         self.v = nn.Linear(h, kv, bias=spec.bias)
         self.o = nn.Linear(h, h, bias=spec.bias)
+        # context parallelism: ring attention over this rank's cp group (runtime.context_parallel.Ring,
+        # called as ring(q, k, v)); None: the whole sequence is here
+        self.ring: Any = None
 
     def forward(self, x_BSH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, s = x_BSH.shape[0], x_BSH.shape[1]
@@ -87,6 +91,9 @@ class Attention(nn.Module):
         if rope is not None:
             q_BNSD = apply_rotary(q_BNSD, *rope)
             k_BKSD = apply_rotary(k_BKSD, *rope)
+        if self.ring is not None:  # the ring carries the key/value heads and expands them per block
+            y_BNSD = self.ring(q_BNSD, k_BKSD, v_BKSD)
+            return self.o(y_BNSD.transpose(1, 2).reshape(b, s, -1))
         if self.q_per_kv > 1:
             # Each K/V head serves q_per_kv consecutive query heads; tensor parallelism splits
             # whole groups, so the local ratio is the global one.
