@@ -171,7 +171,7 @@ class ParallelConfig:
     # and the rest stay in the training dtype (cost.fp8: the cast passes).
     gemm_dtype: str | None = None
     # Context parallelism: each of ``cp`` ranks holds 1/cp of every sequence and runs ring attention
-    # (cost.context_parallel); parameters are replicated over cp. Planned and simulated, not run.
+    # (cost.context_parallel); parameters are replicated over cp. Run by runtime.context_parallel.
     cp: int = 1
     # Sharded data parallelism, a level of SHARDINGS (see there).
     sharding: str = "none"
