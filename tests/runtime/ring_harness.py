@@ -1,4 +1,4 @@
-"""Worker for tests/runtime/test_context_parallel.py: ring attention against attention over the
+"""Worker for tests/runtime/test_ring_attention.py: ring attention against attention over the
 whole sequence, in float64.
 
 Every rank builds the same full ``q, k, v`` and output gradient from one seed, computes the
