@@ -1,6 +1,7 @@
 """``plan`` says whether ``paratrain train`` runs its winner: the cost model prices layouts (a
-vocabulary or head count tp does not divide, context parallelism with a pipeline, FSDP2 under a
-split-backward schedule) that the runtime refuses, and the plan should not leave the user to find out at launch."""
+vocabulary or head count tp does not divide, context parallelism with gradient compression, FSDP2
+under a split-backward schedule) that the runtime refuses, and the plan should not leave the user
+to find out at launch."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ LAYOUTS = {  # name -> (layout, a word of the refusal or None)
     "dp2-pp2-zero1-chimera": (dict(dp=2, pp=2, sharding="zero1", schedule="chimera", global_batch=8), "chimera"),
     "cp2": (dict(cp=2, global_batch=8), None),
     "dp2-cp2-tp2-sp": (dict(dp=2, cp=2, tp=2, sequence_parallel=True, global_batch=8), None),
-    "cp2-pp2": (dict(cp=2, pp=2, global_batch=8), "pipeline"),
-    "dp2-cp2-zero1": (dict(dp=2, cp=2, sharding="zero1", global_batch=8), "--sharding"),
-    "dp2-cp2-zero3": (dict(dp=2, cp=2, sharding="zero3", global_batch=8), "--sharding"),
+    "cp2-pp2": (dict(cp=2, pp=2, global_batch=8), None),
+    "cp2-dp2-compressed": (dict(cp=2, dp=2, compression="oktopk", global_batch=8), "--compress"),
+    "dp2-cp2-zero1": (dict(dp=2, cp=2, sharding="zero1", global_batch=8), None),
+    "dp2-cp2-zero3": (dict(dp=2, cp=2, sharding="zero3", global_batch=8), None),
 }
 
 

@@ -1,11 +1,12 @@
 """Validation loss under tensor, data and pipeline parallelism equals the single-process value.
 
-One 4-process launch (tests/runtime/layout_harness.py) trains nine runs in float64 on a token
+One 4-process launch (tests/runtime/layout_harness.py) trains ten runs in float64 on a token
 cache, evaluating after steps 2 and 3 (``--eval-every 2``, and after the last step): dp=2×tp=2
 (paratrain's data parallelism and FSDP2), pp=2×dp=2 (1F1B; Chimera, whose replica-0 chunks
 evaluate; interleaved, two chunks per rank on a 4-layer model; PipeDream-2BW, drained where an
 evaluation is due), pp=2×tp=2 (GPipe, the vocabulary-parallel loss on the last stage), dp=2×cp=2
-(ring attention, each rank on its chunks of every sequence), and a BERT under dp=2×tp=2. Each
+and pp=2×cp=2 (ring attention, each rank on its chunks of every sequence), and a BERT under
+dp=2×tp=2. Each
 layout's final ``eval_loss`` is compared with a single-process computation written out here: the
 full model with the layout's final parameters, the eval batches' token cross-entropy summed with
 ``F.cross_entropy(reduction="sum")`` and divided by the number of targets. The layouts' evaluations
@@ -55,6 +56,7 @@ LAYOUTS = {
     "pp2-dp2-2bw": {"pp": 2, "dp": 2, "schedule": "2bw"},
     # ring attention: each cp rank sums the loss over its tokens of every sequence
     "dp2-cp2": {"dp": 2, "cp": 2},
+    "pp2-cp2": {"pp": 2, "cp": 2, "schedule": "1f1b"},
 }
 # 2BW computes on stashed weight versions: not the others' training, compared only with its own reference
 ASYNC = {"pp2-dp2-2bw"}

@@ -72,6 +72,13 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gpt-cp4": ("gpt", {"cp": 4}, {}),
     "gpt-dp2-cp2": ("gpt", {"dp": 2, "cp": 2}, {}),
     "gpt-tp2-cp2-sp": ("gpt", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
+    # optimizer state (zero1) and FSDP2's shards cut over the dp x cp ranks
+    "gpt-cp2-zero1": ("gpt", {"cp": 2, "sharding": "zero1"}, {}),
+    "gpt-dp2-cp2-zero3": ("gpt", {"dp": 2, "cp": 2, "sharding": "zero3"}, {"dp_impl": "fsdp"}),
+    "gpt-tp2-cp2-zero2": ("gpt", {"tp": 2, "cp": 2, "sharding": "zero2"}, {"dp_impl": "fsdp"}),
+    # the pipeline engine: stages exchange the rank's tokens; R reduces over dp x cp
+    "gpt-pp2-cp2": ("gpt", {"pp": 2, "cp": 2}, {}),
+    "gpt-pp2-cp2-zb-h1": ("gpt", {"pp": 2, "cp": 2, "schedule": "zb-h1"}, {}),
     "llama-cp2": ("llama", {"cp": 2}, {}),
     "llama-tp2-cp2": ("llama", {"tp": 2, "cp": 2}, {}),
 }
@@ -174,7 +181,9 @@ def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, Any
     _assert_same_training(runs, "llama-dp2-tp2", "llama-single")
 
 
-@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp2-ddp", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp"])
+@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp2-ddp", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp", "gpt-cp2-zero1",
+                                  "gpt-dp2-cp2-zero3", "gpt-tp2-cp2-zero2", "gpt-pp2-cp2",
+                                  "gpt-pp2-cp2-zb-h1"])
 def test_gpt_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     # learned positions of the rank's zigzag chunks, causal ring attention, gradients over dp x cp
     _assert_same_training(runs, name, "gpt-single")

@@ -80,13 +80,9 @@ def test_metrics_path_with_rank_placeholder_is_checked(run_cli, tmp_path: Path) 
     assert_one_line_error(code, err, "--metrics", "is not a directory")
 
 
-# Context parallelism runs beside dp and tp on one pipeline stage; what it does not run with yet
-# is refused by name before any worker starts.
+# What context parallelism does not run with yet is refused by name before any worker starts.
 CP_CASES: dict[str, tuple[list[str], list[str]]] = {
     "cp-seq-indivisible": (["--cp", "3", "--nproc", "3"], ["cp", "2*cp = 6"]),
-    "cp-with-pipeline": (["--cp", "2", "--pp", "2", "--nproc", "4"], ["cp", "pipeline", "--pp 1"]),
-    "cp-with-zero1": (["--cp", "2", "--dp", "2", "--sharding", "zero1", "--nproc", "4"], ["--sharding", "zero1"]),
-    "cp-with-fsdp": (["--cp", "2", "--dp-impl", "fsdp", "--nproc", "2"], ["--dp-impl", "FSDP2"]),
     "cp-with-compression": (["--cp", "2", "--dp", "2", "--compress", "oktopk", "--nproc", "4"], ["--compress"]),
     "cp-with-kfac": (["--cp", "2", "--optimizer", "kfac", "--nproc", "2"], ["--optimizer", "K-FAC"]),
     "cp-with-bert": (["--cp", "2", "--model", "bert-base", "--layers", "1", "--hidden", "64", "--heads", "4",

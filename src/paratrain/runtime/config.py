@@ -410,17 +410,12 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
 def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = None,
                            model: ModelSpec | None = None) -> None:
     """What the runtime's ring attention (runtime/context_parallel.py) runs with: cp beside dp and
-    tp (sequence parallelism included) on one pipeline stage, paratrain's or DDP's data-parallel
-    reduction, causal language models. ``train`` / ``model``: check those too when given."""
+    tp (sequence parallelism included) on one pipeline stage, every data-parallel implementation
+    and sharding level (over dp x cp), causal language models. ``train`` / ``model``: check those
+    too when given."""
     if config.cp == 1:
         return
     fix = "train with --cp 1, or predict it with `paratrain simulate --cp N` / `paratrain plan`"
-    if config.pp > 1:
-        raise ConfigError("cp", f"context parallelism is not run with a pipeline yet (cp {config.cp}, "
-                          f"pp {config.pp})", f"use --pp 1 with --cp; {fix}")
-    if config.sharding != "none":
-        raise ConfigError("--sharding", f"{config.sharding} is not run with context parallelism yet "
-                          f"(cp {config.cp})", "use --sharding none with --cp")
     if config.compression != "none":
         raise ConfigError("--compress", f"gradient compression is not run with context parallelism "
                           f"(cp {config.cp})", "drop --compress with --cp")
@@ -429,8 +424,7 @@ def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = N
                           f"(cp {config.cp})", f"use a GPT or Llama model with --cp; {fix}")
     if train is None:
         return
-    for flag, used, what in (("--dp-impl", train.dp_impl == "fsdp", "FSDP2 (--dp-impl fsdp)"),
-                             ("--optimizer", train.optimizer == "kfac", "K-FAC"),
+    for flag, used, what in (("--optimizer", train.optimizer == "kfac", "K-FAC"),
                              ("--task", train.task != "gpt", f"the {train.task} task"),
                              ("--checkpoint-dir", train.checkpoint_dir is not None, "checkpointing")):
         if used:

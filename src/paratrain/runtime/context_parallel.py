@@ -232,8 +232,8 @@ def make_ring(group: dist.ProcessGroup, causal: bool) -> Ring:
 
 
 def apply_context_parallel(model: nn.Module, ring: Ring, seq: int) -> torch.Tensor:
-    """Make ``model`` (a :class:`~paratrain.runtime.models.TransformerLM`, tensor parallelism
-    applied or not) run on this cp rank's tokens: learned and rotary positions of those tokens,
+    """Make ``model`` (a :class:`~paratrain.runtime.models.TransformerLM` or a pipeline chunk of one,
+    tensor parallelism applied or not) run on this cp rank's tokens: learned and rotary positions of those tokens,
     every attention through ``ring``. Returns the positions, to cut each batch with."""
     positions = zigzag_positions(seq, ring.size, ring.index)
     model.positions = positions  # the rotary tables' rows

@@ -189,12 +189,13 @@ class FSDPGradSync:
 
 def uses_fsdp(impl: str, ctx: RuntimeContext) -> bool:
     """Whether ``impl`` shards with FSDP2 here (one data-parallel rank shards only when asked)."""
-    return impl == "fsdp" and (ctx.config.dp > 1 or ctx.config.optimizer_sharding)
+    return impl == "fsdp" and (ctx.data_degree > 1 or ctx.config.optimizer_sharding)
 
 
 def fully_shard_model(model: nn.Module, ctx: RuntimeContext) -> None:
-    """FSDP2 ``fully_shard`` over the mesh's dp axis: each block a unit, the rest (embedding, head,
-    final norm) the root's. ``model``: a whole model or one pipeline chunk (``blocks`` attribute).
+    """FSDP2 ``fully_shard`` over the mesh's dp axis (dp x cp with context parallelism): each block a
+    unit, the rest (embedding, head, final norm) the root's. ``model``: a whole model or one
+    pipeline chunk (``blocks`` attribute).
 
     zero2 keeps each block's gathered parameters from its forward to its backward; zero3 frees them
     after the forward and gathers them again for the backward. Either way every micro-batch gathers
@@ -202,7 +203,7 @@ def fully_shard_model(model: nn.Module, ctx: RuntimeContext) -> None:
     AdamW state are sharded."""
     from torch.distributed.fsdp import fully_shard
 
-    dp_mesh = ctx.submesh("dp")
+    dp_mesh = ctx.data_mesh()
     reshard = ctx.config.sharding == "zero3"
     for block in model.blocks:  # type: ignore[union-attr]
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)

@@ -110,7 +110,7 @@ class Evaluator:
         dtype = next(p.dtype for m in chunks.values() for p in m.parameters() if p.is_floating_point())
 
         def global_rank(pp_rank: int) -> int:
-            return cfg.rank_of(pp=pp_rank, dp=self.ctx.dp_rank, tp=self.ctx.tp_rank)
+            return cfg.rank_of(pp=pp_rank, dp=self.ctx.dp_rank, cp=self.ctx.cp_rank, tp=self.ctx.tp_rank)
 
         out: torch.Tensor | None = None
         for i in range(batch.num_microbatches):
@@ -123,7 +123,7 @@ class Evaluator:
                 if c == 0:
                     x = inputs.to(self.ctx.device)
                 elif schedule.rank_of(c - 1, 0) != me:
-                    x = torch.empty((inputs.shape[0], self.source.spec.seq, self.source.spec.hidden), dtype=dtype,
+                    x = torch.empty((*inputs.shape, self.source.spec.hidden), dtype=dtype,
                                     device=self.ctx.device)
                     for h in comm.batch_isend_irecv([comm.P2P(False, x, global_rank(schedule.rank_of(c - 1, 0)))],
                                                     purpose="eval_activation"):

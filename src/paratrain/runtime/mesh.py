@@ -36,9 +36,10 @@ class RuntimeContext:
     mesh: DeviceMesh
     config: ParallelConfig
     timeout_s: float
-    # dp x cp ranks of this rank's (tp, pp) coordinate when cp > 1: parameters are replicated over
-    # both, so their gradients are reduced over both (Megatron-LM's data-context group)
-    dp_cp_group: dist.ProcessGroup | None = None
+    # dp x cp ranks of this rank's (tp, pp) coordinate when cp > 1, flattened to one mesh axis:
+    # parameters are replicated over both, so their gradients are reduced, and their optimizer
+    # state and FSDP shards cut, over both (Megatron-LM's data-context group, torchtitan's dp_shard_cp)
+    dp_cp_mesh: DeviceMesh | None = None
 
     @property
     def coords(self) -> dict[str, int]:
@@ -50,9 +51,12 @@ class RuntimeContext:
     def group(self, axis: str) -> dist.ProcessGroup:
         return self.mesh.get_group(axis)
 
+    def data_mesh(self) -> DeviceMesh:
+        """The 1-D mesh a replicated parameter's gradient is averaged (and sharded) over: dp, or dp x cp."""
+        return self.dp_cp_mesh if self.dp_cp_mesh is not None else self.submesh("dp")
+
     def data_group(self) -> dist.ProcessGroup:
-        """The group a replicated parameter's gradient is averaged over: dp, or dp x cp."""
-        return self.dp_cp_group if self.dp_cp_group is not None else self.group("dp")
+        return self.data_mesh().get_group()
 
     @property
     def data_degree(self) -> int:
@@ -105,17 +109,10 @@ def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: st
     # Without context parallelism the cp axis has size 1: leave it out of the mesh.
     dims = tuple(a for a in config.mesh_order if a != "cp" or config.cp > 1)
     mesh = init_device_mesh(dev.type, tuple(config.axis_size(a) for a in dims), mesh_dim_names=dims)
-    dp_cp = None
-    if config.cp > 1:  # every rank creates every group, in the same order
-        dp_cp, _ = dist.new_subgroups_by_enumeration(_dp_cp_ranks(config))
+    # a sub-mesh of the world mesh (not a separate group), so FSDP2 composes it with the tp mesh
+    dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if config.cp > 1 else None
     return RuntimeContext(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend,
-                          mesh=mesh, config=config, timeout_s=timeout_s, dp_cp_group=dp_cp)
-
-
-def _dp_cp_ranks(config: ParallelConfig) -> list[list[int]]:
-    """For each (pp, tp) coordinate, the global ranks of its dp x cp ranks."""
-    return [[config.rank_of(pp=p, dp=d, cp=c, tp=t) for d in range(config.dp) for c in range(config.cp)]
-            for p in range(config.pp) for t in range(config.tp)]
+                          mesh=mesh, config=config, timeout_s=timeout_s, dp_cp_mesh=dp_cp)
 
 
 class RendezvousError(RuntimeError):

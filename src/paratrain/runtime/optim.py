@@ -47,7 +47,9 @@ def counts_here(p: torch.Tensor, ctx: RuntimeContext) -> bool:
     g = p.grad
     if isinstance(g, DTensor):
         names = g.device_mesh.mesh_dim_names or ()
-        sharded_axes = {n for n, pl in zip(names, g.placements, strict=True) if not isinstance(pl, Replicate)}
+        # a flattened axis ("dp_cp": FSDP over data- and context-parallel ranks) shards both
+        sharded_axes = {a for n, pl in zip(names, g.placements, strict=True) if not isinstance(pl, Replicate)
+                        for a in n.split("_")}
     return all(coords[a] == 0 for a in ("dp", "cp", "tp") if a not in sharded_axes)
 
 

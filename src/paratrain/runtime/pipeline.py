@@ -11,14 +11,16 @@ Data parallelism is the schedule's ``R`` actions. With K-FAC in the bubbles
 (``train --fill-bubbles``) each step runs its iteration of the filled schedule, whose ``X:kfac.*``
 fillers call the pieces of :mod:`paratrain.runtime.kfac` (:meth:`PipelineExecutor.use_kfac`).
 
-Mesh: global rank = ``ParallelConfig.rank_of(pp, dp, tp)``. Activations travel between the ranks
-with the same (dp, tp) coordinates on neighbouring pipeline ranks (each tensor-parallel rank
-sends its full replicated activation, Megatron-LM without the scatter/gather optimization).
+Mesh: global rank = ``ParallelConfig.rank_of(pp, dp, cp, tp)``. Activations travel between the
+ranks with the same (dp, cp, tp) coordinates on neighbouring pipeline ranks (each tensor-parallel
+rank sends its full replicated activation, Megatron-LM without the scatter/gather optimization; a
+context-parallel rank its tokens of each sequence).
 
 ``R`` of chunk ``c`` all-reduces its gradients (sum) over every rank holding a copy of ``c``: the
-data-parallel ranks and, under Chimera, the rank holding the other replica; the sum is divided by
-``dp`` (the replicas each saw different micro-batches of the same step, the data-parallel ranks
-each a different ``1/dp`` of the global batch). ``U`` waits for the reductions, sums the gradients
+data- and context-parallel ranks and, under Chimera, the rank holding the other replica; the sum
+is divided by ``dp·cp`` (the replicas each saw different micro-batches of the same step, the
+data-parallel ranks each a different ``1/dp`` of the global batch, the context-parallel ranks
+each the mean over their own tokens). ``U`` waits for the reductions, sums the gradients
 of a parameter that two pipeline ranks share (tied embedding and output projection: Megatron-LM's
 embedding group), clips by the global norm and steps AdamW with the run's learning-rate schedule
 (:class:`~paratrain.runtime.optim.Optimizer`, the step loop's). Clipping of synchronous schedules
@@ -165,7 +167,8 @@ class PipelineGroups:
 
 def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout, ctx: RuntimeContext) -> PipelineGroups:
     """Create the groups of :class:`PipelineGroups` (a collective: every rank, same order)."""
-    pp_rank, dp_rank, tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank
+    pp_rank, dp_rank, cp_rank, tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.cp_rank, ctx.tp_rank
+    replicas = [(d, c) for d in range(config.dp) for c in range(config.cp)]  # ranks holding the same parameters
     made: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
     def group_of(ranks: list[int]) -> dist.ProcessGroup | None:
@@ -180,24 +183,24 @@ def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout,
     for c in range(schedule.num_chunks):
         hosts = hosts_of(schedule, c)
         for t in range(config.tp):
-            g = group_of([config.rank_of(pp=h, dp=d, tp=t) for h in hosts for d in range(config.dp)])
+            g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for h in hosts for d, c in replicas])
             if t == tp_rank and pp_rank in hosts:
                 reduce[c] = g
     stage = None
     for h in range(config.pp):
-        g = group_of([config.rank_of(pp=h, dp=d, tp=t) for d in range(config.dp) for t in range(config.tp)])
+        g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for d, c in replicas for t in range(config.tp)])
         if h == pp_rank:
             stage = g
-    # tied parameters across pipeline ranks: one group per (name, dp, tp), made on every rank
+    # tied parameters across pipeline ranks: one group per (name, dp, cp, tp), made on every rank
     tie: dict[str, dist.ProcessGroup | None] = {}
     for name, cs in sorted(layout.chunks_of_name.items()):
         hosts = sorted({schedule.placement[0][c] for c in cs})
         if len(hosts) < 2:
             continue
-        for d in range(config.dp):
+        for d, c in replicas:
             for t in range(config.tp):
-                g = group_of([config.rank_of(pp=h, dp=d, tp=t) for h in hosts])
-                if (d, t) == (dp_rank, tp_rank) and pp_rank in hosts:
+                g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for h in hosts])
+                if (d, c, t) == (dp_rank, cp_rank, tp_rank) and pp_rank in hosts:
                     tie[name] = g
     return PipelineGroups(reduce, stage, tie)
 
@@ -219,7 +222,7 @@ class PipelineExecutor:
         self.config = ctx.config
         self.layout, self.groups, self.optimizer, self.batch_of = layout, groups, optimizer, batch_of
         self.tracer, self.phase = tracer, phase
-        self.pp_rank, self.dp_rank, self.tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank
+        self.pp_rank, self.dp_rank, self.tp_rank, self.cp_rank = ctx.pp_rank, ctx.dp_rank, ctx.tp_rank, ctx.cp_rank
         self.is_async = self.config.schedule.is_async
         self.chunks = [
             LocalChunk(c, rep, module, is_first=c == 0, is_last=c == schedule.num_chunks - 1,
@@ -237,10 +240,13 @@ class PipelineExecutor:
         def new_engine(sched: Schedule) -> PipelineEngine:
             return PipelineEngine(
                 sched, self.pp_rank, self.chunks, self,
-                # sequence parallelism: chunks exchange the residual stream's sequence slice
-                activation_shape=(cfg.microbatch, spec.seq // (cfg.tp if cfg.sequence_parallel else 1), spec.hidden),
+                # sequence parallelism: chunks exchange the residual stream's sequence slice (of the
+                # rank's tokens under context parallelism)
+                activation_shape=(cfg.microbatch, spec.seq // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1),
+                                  spec.hidden),
                 activation_dtype=dtype,
-                device=ctx.device, peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, tp=self.tp_rank),
+                device=ctx.device,
+                peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, cp=self.cp_rank, tp=self.tp_rank),
                 loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
                 record=train.trace is not None, fillers=self.fillers, before=self._before_action,
                 # gloo progresses each message on its own; NCCL's p2p run in order on one stream
@@ -352,7 +358,8 @@ class PipelineExecutor:
             for name, group in sorted(self.groups.tie.items()):
                 if group is None:
                     continue
-                src = self.config.rank_of(pp=self.layout.tie_owner[name], dp=self.dp_rank, tp=self.tp_rank)
+                src = self.config.rank_of(pp=self.layout.tie_owner[name], dp=self.dp_rank, cp=self.cp_rank,
+                                          tp=self.tp_rank)
                 first = next(p for rep, p in copies[name] if rep == 0)
                 st = adamw.state.get(first, {})
                 for t in [first, *(st[k] for k in ("exp_avg", "exp_avg_sq") if k in st)]:
@@ -422,7 +429,7 @@ class PipelineExecutor:
         self._compressed.append(chunk)
 
     def finish_reductions(self) -> None:
-        dp = self.config.dp
+        dp = self.ctx.data_degree
         with torch.no_grad():
             for chunk in self._compressed:
                 for p in chunk.params.values():
@@ -533,7 +540,7 @@ class PipelineExecutor:
             full = p.full_tensor() if isinstance(p, DTensor) else p
             mine[name] = full.detach().cpu().clone()
         gathered: list[Any] = [None] * self.ctx.world_size
-        comm.all_gather_object(gathered, mine if (self.dp_rank, self.tp_rank) == (0, 0) else {},
+        comm.all_gather_object(gathered, mine if (self.dp_rank, self.cp_rank, self.tp_rank) == (0, 0, 0) else {},
                                purpose="final_params")
         out: dict[str, torch.Tensor] = {}
         for d in gathered:
@@ -543,8 +550,8 @@ class PipelineExecutor:
 
     def trace_events(self) -> list[TraceEvent]:
         """This rank's measured spans, ``pid`` = pipeline rank; empty except at
-        data- and tensor-parallel coordinate 0 (one timeline per pipeline rank)."""
-        if (self.dp_rank, self.tp_rank) != (0, 0):
+        data-, context- and tensor-parallel coordinate 0 (one timeline per pipeline rank)."""
+        if (self.dp_rank, self.cp_rank, self.tp_rank) != (0, 0, 0):
             return []
         out = []
         for step, sp in self._step_spans:

@@ -159,7 +159,7 @@ class Trainer:
                 self.positions = apply_context_parallel(part, make_ring(ctx.group("cp"), spec.is_causal), spec.seq)
             grad_sync: GradSync
             if self._zero1():  # the distributed optimizer reduces the gradients itself (runtime/zero.py)
-                self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.group("dp"))], train, ctx,
+                self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.data_group())], train, ctx,
                                                   recorder=self.tracer)
                 grad_sync = self.optimizer
             else:
@@ -174,6 +174,10 @@ class Trainer:
             self.schedule = schedule if schedule is not None else schedule_for(self.config, train.steps)
             check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
             layout = cut_model(model, self.schedule, self.config, ctx.pp_rank)
+            if self.config.cp > 1:  # each chunk: its ring, the positions of the rank's tokens
+                ring = make_ring(ctx.group("cp"), spec.is_causal)
+                for m in layout.modules:
+                    self.positions = apply_context_parallel(m, ring, spec.seq)
             groups = make_groups(self.config, self.schedule, layout, ctx)
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=self.config.sequence_parallel)
                      for m in layout.modules]
@@ -212,8 +216,9 @@ class Trainer:
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
 
     def _zero1(self) -> bool:
-        """``--sharding zero1`` with more than one data-parallel rank (one rank has nothing to shard)."""
-        return self.config.sharding == "zero1" and self.config.dp > 1
+        """``--sharding zero1`` with more than one data-parallel (or context-parallel) rank: one rank
+        has nothing to shard."""
+        return self.config.sharding == "zero1" and self.ctx.data_degree > 1
 
     def _batch(self, step: int) -> Batch:
         batch = self.data.local_batch(step, self.ctx.dp_rank, self.config.dp)

@@ -50,10 +50,7 @@ class TransformerLM(nn.Module):
         """The rotary tables of the tokens this rank holds, in the order it holds them."""
         if self.rope_cos is None:
             return None
-        if self.positions is not None:
-            pos = self.positions.to(self.rope_cos.device)
-            return self.rope_cos[pos], self.rope_sin[pos]
-        return self.rope_cos, self.rope_sin
+        return rope_at((self.rope_cos, self.rope_sin), self.positions)
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         x_BSH = self.embed(tokens_BS)
@@ -85,6 +82,15 @@ class TransformerLM(nn.Module):
         return ModelChunk(self, start, end)
 
 
+def rope_at(tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the rotary tables at ``positions`` (all of them, in order, for None)."""
+    if positions is None:
+        return tables
+    pos = positions.to(tables[0].device)
+    return tables[0][pos], tables[1][pos]
+
+
 class ModelChunk(nn.Module):
     """``embed`` (first chunk only) -> ``blocks[start:end]`` -> ``head`` (last chunk only).
 
@@ -101,12 +107,15 @@ class ModelChunk(nn.Module):
         self.blocks = nn.ModuleList(model.blocks[start:end])
         self.head = model.head if self.is_last else None
         self._rope = model.rope  # bound method: the buffers stay owned by the full model
+        self.positions: torch.Tensor | None = None  # set by context parallelism (see TransformerLM)
         self.loss = model.loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
         rope = self._rope()
+        if rope is not None:
+            rope = rope_at(rope, self.positions)
         for block in self.blocks:
             x = block(x, rope)
         if self.head is not None:
