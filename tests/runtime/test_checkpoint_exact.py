@@ -74,7 +74,9 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> 
     ("--sharding", "zero1"),
     # FSDP2 inside the pipeline engine: every chunk's parameters and state sharded over its stage's dp
     ("--sharding", "zero3", "--dp-impl", "fsdp", "--pp", "2", "--nproc", "4", "--schedule", "1f1b"),
-], ids=["zero1-dp2", "zero3-dp2-pp2"])
+    # context parallelism: the optimizer state sliced over dp x cp, parameters replicated over cp
+    ("--sharding", "zero1", "--cp", "2", "--nproc", "4"),
+], ids=["zero1-dp2", "zero3-dp2-pp2", "zero1-dp2-cp2"])
 def test_sharded_checkpoint_resumes_exactly(tmp_path: Path, layout: tuple[str, ...]) -> None:
     """Resumed from step 4 of an 8-step run (its step-8 checkpoint removed), every loss, gradient
     norm and final parameter of a sharded layout equals the uninterrupted run's bit for bit."""

@@ -99,8 +99,3 @@ def test_context_parallel_limits_fail_up_front(run_cli, case: str) -> None:
     assert_one_line_error(code, err, *needles)
     assert "step" not in out
 
-
-def test_context_parallel_refuses_checkpointing(run_cli, tmp_path: Path) -> None:
-    code, _, err = run_cli("train", *TINY, "--cp", "2", "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ck"))
-    assert_one_line_error(code, err, "--checkpoint-dir", "context parallelism")
-    assert not (tmp_path / "ck").exists()

@@ -108,8 +108,8 @@ TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.
 PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_P)]
 CpOpt = Annotated[
     int | None,
-    typer.Option("--cp", help="Context-parallel degree (ring attention over sequence chunks; train runs it "
-                 "beside dp and tp).", rich_help_panel=_P),
+    typer.Option("--cp", help="Context-parallel degree (ring attention over sequence chunks; gradients and "
+                 "sharding over dp x cp).", rich_help_panel=_P),
 ]
 MicrobatchOpt = Annotated[
     int | None, typer.Option("--microbatch", help="Micro-batch size (samples).", rich_help_panel=_P)

@@ -425,8 +425,7 @@ def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = N
     if train is None:
         return
     for flag, used, what in (("--optimizer", train.optimizer == "kfac", "K-FAC"),
-                             ("--task", train.task != "gpt", f"the {train.task} task"),
-                             ("--checkpoint-dir", train.checkpoint_dir is not None, "checkpointing")):
+                             ("--task", train.task != "gpt", f"the {train.task} task")):
         if used:
             raise ConfigError(flag, f"{what} is not run with context parallelism yet (cp {config.cp})",
                               f"drop {flag} with --cp, or use --cp 1")

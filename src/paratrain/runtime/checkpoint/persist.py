@@ -125,8 +125,9 @@ class Checkpointer:
         if was.get("global_batch") != tr.config.global_batch:
             self.say(f"note: global batch {tr.config.global_batch} differs from the checkpoint's "
                      f"{was.get('global_batch')}: the batches from step {step} on differ from the first run's")
+        cp = f" cp={was['cp']}" if was.get("cp", 1) > 1 else ""
         self.say(f"resumed from {info.path} (step {step}, saved under dp={was.get('dp')} tp={was.get('tp')} "
-                 f"pp={was.get('pp')}) in {time.perf_counter() - start:.3f} s")
+                 f"pp={was.get('pp')}{cp}) in {time.perf_counter() - start:.3f} s")
         self.saved.append(step)
         return self._begin(step)
 
