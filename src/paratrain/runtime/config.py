@@ -409,10 +409,10 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
 
 def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = None,
                            model: ModelSpec | None = None) -> None:
-    """What the runtime's ring attention (runtime/context_parallel.py) runs with: cp beside dp and
-    tp (sequence parallelism included) on one pipeline stage, every data-parallel implementation
-    and sharding level (over dp x cp), causal language models. ``train`` / ``model``: check those
-    too when given."""
+    """What the runtime's ring attention (runtime/context_parallel.py) does not run with yet:
+    gradient compression, K-FAC, the image task, non-causal models. Every other layout runs (dp,
+    tp with or without sequence parallelism, pipelines, every sharding level over dp x cp).
+    ``train`` / ``model``: check those too when given."""
     if config.cp == 1:
         return
     fix = "train with --cp 1, or predict it with `paratrain simulate --cp N` / `paratrain plan`"
