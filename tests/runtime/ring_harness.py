@@ -74,6 +74,20 @@ def main() -> None:
             for label, mine, ref in zip("qkv", local, ref_in, strict=True):
                 errs["d" + label] = rel(mine.grad, ref.grad[:, :, pos])
             results[f"cp{cp}-{name}"] = errs
+            if name == "causal-gqa":  # bf16: against the fp64 reference, beside SDPA's own bf16 error
+                b16 = [t.to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+                y16 = F.scaled_dot_product_attention(b16[0], b16[1].repeat_interleave(g, 1),
+                                                     b16[2].repeat_interleave(g, 1), is_causal=causal)
+                y16.backward(dy.to(torch.bfloat16))
+                l16 = [t[:, :, pos].to(torch.bfloat16).clone().requires_grad_() for t in (q, k, v)]
+                r16 = ring_attention(*l16, ring)
+                r16.backward(dy[:, :, pos].to(torch.bfloat16))
+                errs16 = {"out": rel(r16.detach().double(), y.detach()[:, :, pos]),
+                          "sdpa_out": rel(y16.detach().double()[:, :, pos], y.detach()[:, :, pos])}
+                for label, mine, full, ref in zip("qkv", l16, b16, ref_in, strict=True):
+                    errs16["d" + label] = rel(mine.grad.double(), ref.grad[:, :, pos])
+                    errs16["sdpa_d" + label] = rel(full.grad.double()[:, :, pos], ref.grad[:, :, pos])
+                results[f"cp{cp}-{name}-bf16"] = errs16
     with open(f"{out}/rank{rank}.json", "w", encoding="utf-8") as fh:
         json.dump(results, fh)
     dist.barrier()

@@ -2,7 +2,7 @@
 
 Unit checks of the zigzag split and of the work each ring step does; then one 4-process launch
 (tests/runtime/ring_harness.py) comparing ring attention with attention over the whole sequence in
-float64 (cp 2 and 4; causal, grouped-query and unmasked) and counting what each rank sent against
+float64 (cp 2 and 4; causal, grouped-query and unmasked) and in bf16, and counting what each rank sent against
 ``cost/context_parallel.py``'s closed forms. Whole-model training under cp is in
 test_runtime_equivalence.py (parameters after AdamW equal single-process training's).
 """
@@ -81,10 +81,21 @@ def ring_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_ring_attention_equals_whole_sequence_attention(ring_runs: list[dict[str, Any]]) -> None:
     cases = {f"cp{cp}-{name}" for cp in (2, 4) for name in ("causal", "causal-gqa", "full")}
     for rank, result in enumerate(ring_runs):
-        assert set(result) == cases
-        for case, errs in result.items():
+        assert set(result) == cases | {f"cp{cp}-causal-gqa-bf16" for cp in (2, 4)}
+        for case in cases:
             for what in ("out", "dq", "dk", "dv"):
-                assert errs[what] < TOL, (rank, case, what, errs[what])
+                assert result[case][what] < TOL, (rank, case, what, result[case][what])
+
+
+@pytest.mark.dist
+def test_ring_attention_in_bf16_is_as_accurate_as_sdpa(ring_runs: list[dict[str, Any]]) -> None:
+    """bf16 inputs, against the float64 reference: the ring accumulates its blocks in fp32, so its
+    error stays of the order of SDPA's own over the whole sequence in bf16 (measured 1.0–1.6×)."""
+    for rank, result in enumerate(ring_runs):
+        for cp in (2, 4):
+            errs = result[f"cp{cp}-causal-gqa-bf16"]
+            for what in ("out", "dq", "dk", "dv"):
+                assert errs[what] < 2e-2 and errs[what] <= 2.5 * errs["sdpa_" + what], (rank, cp, what, errs)
 
 
 @pytest.mark.dist
@@ -94,6 +105,8 @@ def test_ring_sends_what_the_cost_model_counts(ring_runs: list[dict[str, Any]]) 
     heads = {"causal": (4, 4), "causal-gqa": (4, 2), "full": (2, 2)}
     for result in ring_runs:
         for case, sent in result.items():
+            if case.endswith("-bf16"):
+                continue
             cp, name = int(case.split("-")[0][2:]), case.split("-", 1)[1]
             n, kv = heads[name]
             model = ModelSpec(name="ring", layers=1, hidden=8 * n, heads=n, kv_heads=kv, seq=32, vocab=64,

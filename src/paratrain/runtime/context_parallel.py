@@ -22,7 +22,9 @@ What ``cost/context_parallel.py`` prices, run for real (Megatron-LM / Transforme
   the mean over its own tokens.
 
 Under grouped-query attention the ring carries the key/value heads only (the cost model's
-``kv_block_bytes``); each block is expanded to the query heads where it is used.
+``kv_block_bytes``); each block is expanded to the query heads where it is used. Matmuls run in
+the inputs' dtype (bf16 under autocast); the block statistics, the output and the gradients are
+accumulated in at least fp32, and dK, dV travel in it.
 """
 
 from __future__ import annotations
@@ -146,26 +148,27 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:  # type: ignore[override]
         groups = q.shape[1] // k.shape[1]
         scale = 1.0 / math.sqrt(q.shape[-1])
+        dt, acc = q.dtype, _accumulation_dtype(q.dtype)
         qc = q.chunk(2, dim=2)
         c = qc[0].shape[2]
         shape = (*q.shape[:2], c)
-        out = [torch.zeros_like(qc[0]), torch.zeros_like(qc[1])]
-        lse = [q.new_full(shape, float("-inf")), q.new_full(shape, float("-inf"))]
+        out = [torch.zeros(qc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
+        lse = [torch.full(shape, float("-inf"), dtype=acc, device=q.device) for _ in range(2)]
         kv = [k, v]
         for step in range(ring.size):
             pending = ring.pass_on(kv, "ring_kv") if step < ring.size - 1 else None
             kc, vc = (_expand(t, groups).chunk(2, dim=2) for t in kv)
             for qi, ki, diag in _pairs(ring, ring.owner_at(step)):
-                s = _scores(qc[qi], kc[ki], scale, diag)
+                s = _scores(qc[qi], kc[ki], scale, diag).to(acc)
                 part_lse = torch.logsumexp(s, dim=-1)
-                part = torch.matmul(torch.exp(s - part_lse.unsqueeze(-1)), vc[ki])
+                part = torch.matmul(torch.exp(s - part_lse.unsqueeze(-1)).to(dt), vc[ki]).to(acc)
                 new = torch.logaddexp(lse[qi], part_lse)
                 out[qi] = (out[qi] * torch.exp(lse[qi] - new).unsqueeze(-1)
                            + part * torch.exp(part_lse - new).unsqueeze(-1))
                 lse[qi] = new
             if pending is not None:
                 kv = pending.wait()
-        o = torch.cat(out, dim=2)
+        o = torch.cat(out, dim=2).to(dt)
         ctx.save_for_backward(q, k, v, o, torch.cat(lse, dim=2))
         ctx.ring, ctx.groups, ctx.scale = ring, groups, scale
         return o
@@ -174,38 +177,46 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
         q, k, v, o, lse = ctx.saved_tensors
         ring, groups, scale = ctx.ring, ctx.groups, ctx.scale
-        do = do.contiguous()
-        delta = (do * o).sum(-1)  # rowsum(dO ∘ O): the softmax backward's correction term
+        dt, acc = q.dtype, lse.dtype
+        do = do.to(dt).contiguous()
+        delta = (do.to(acc) * o.to(acc)).sum(-1)  # rowsum(dO ∘ O): the softmax backward's correction term
         qc, doc, lsec, deltac = (t.chunk(2, dim=2) for t in (q, do, lse, delta))
-        dq = [torch.zeros_like(qc[0]), torch.zeros_like(qc[1])]
+        dq = [torch.zeros(qc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
         kv = [k, v]
         own: list[torch.Tensor] = []  # this rank's part of its own block's dK, dV (step 0)
-        acc: list[torch.Tensor] | None = None  # the arriving block's dK, dV from the ranks before
+        arriving: list[torch.Tensor] | None = None  # the block's dK, dV summed by the ranks before
         for step in range(ring.size):
             # K and V go ahead while this block is worked on; its gradients follow one step behind
             pending = ring.pass_on(kv, "ring_kv") if step < ring.size - 1 else None
             kc, vc = (_expand(t, groups).chunk(2, dim=2) for t in kv)
-            dk = [torch.zeros_like(kc[0]), torch.zeros_like(kc[1])]
-            dv = [torch.zeros_like(vc[0]), torch.zeros_like(vc[1])]
+            dk = [torch.zeros(kc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
+            dv = [torch.zeros(vc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
             for qi, ki, diag in _pairs(ring, ring.owner_at(step)):
-                p = torch.exp(_scores(qc[qi], kc[ki], scale, diag) - lsec[qi].unsqueeze(-1))
-                dv[ki] = dv[ki] + torch.matmul(p.transpose(-2, -1), doc[qi])
-                ds = p * (torch.matmul(doc[qi], vc[ki].transpose(-2, -1)) - deltac[qi].unsqueeze(-1))
+                p = torch.exp(_scores(qc[qi], kc[ki], scale, diag).to(acc) - lsec[qi].unsqueeze(-1))
+                dv[ki] = dv[ki] + torch.matmul(p.to(dt).transpose(-2, -1), doc[qi])
+                dp = torch.matmul(doc[qi], vc[ki].transpose(-2, -1)).to(acc)
+                ds = (p * (dp - deltac[qi].unsqueeze(-1))).to(dt)
                 dq[qi] = dq[qi] + torch.matmul(ds, kc[ki]) * scale
                 dk[ki] = dk[ki] + torch.matmul(ds.transpose(-2, -1), qc[qi]) * scale
             mine = [_fold(torch.cat(g, dim=2), groups) for g in (dk, dv)]
             if step == 0:
                 own = mine  # kept here: the block's sum comes home after the other cp-1 ranks
             else:
-                total = mine if acc is None else [a + m for a, m in zip(acc, mine, strict=True)]
+                total = mine if arriving is None else [a + m for a, m in zip(arriving, mine, strict=True)]
                 # to the next rank, which holds this block next step (home after the last); from
                 # the previous one, the sum for the block this rank holds next
-                acc = ring.pass_on(total, "ring_dkv").wait()
+                arriving = ring.pass_on(total, "ring_dkv").wait()
             if pending is not None:
                 kv = pending.wait()
-        assert acc is not None
-        dkv = [mine0 + a for mine0, a in zip(own, acc, strict=True)]
-        return torch.cat(dq, dim=2), dkv[0], dkv[1], None
+        assert arriving is not None
+        dkv = [mine0 + a for mine0, a in zip(own, arriving, strict=True)]
+        return torch.cat(dq, dim=2).to(dt), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax statistics, outputs and gradients are summed over blocks in at least fp32 (bf16
+    inputs: as FlashAttention accumulates; torch's ring attention's ``convert_to_f32``)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _fold(g_BNSD: torch.Tensor, groups: int) -> torch.Tensor:
