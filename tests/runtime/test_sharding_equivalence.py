@@ -40,11 +40,16 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "zero1-dp2-pp2-interleaved": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "interleaved",
                                    "virtual_stages": 2}, {}),
     "zero1-dp2-pp2-zb": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "zb-h1"}, {}),  # split backward
+    # two pipelines in opposite directions: a chunk's group holds both its copies, on two pipeline ranks
+    "zero1-dp2-pp2-chimera": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "chimera"}, {}),
+    "untied-zero1-dp2-pp2-chimera": ({"dp": 2, "pp": 2, "sharding": "zero1", "schedule": "chimera"}, {}),
+    "untied-single": ({}, {}),
 }
 
 
 def _launch(out: Path, nproc: int) -> None:
-    runs = [{"name": name, "model": MODEL, "fp64": True, "train": {**TRAIN, **extra},
+    runs = [{"name": name, "model": {**MODEL, "tied_embeddings": False} if name.startswith("untied") else MODEL,
+             "fp64": True, "train": {**TRAIN, **extra},
              "parallel": {"global_batch": GLOBAL_BATCH, "microbatch": MICROBATCH, **layout}}
             for name, (layout, extra) in LAYOUTS.items()
             if layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1) == nproc]
@@ -70,9 +75,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return every
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "single"])
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.endswith("single")])
 def test_sharded_layout_trains_like_one_process(runs: dict[str, dict[str, Any]], name: str) -> None:
-    run, ref = runs[name], runs["single"]
+    run, ref = runs[name], runs["untied-single" if name.startswith("untied") else "single"]
     assert len(run["losses"]) == STEPS
     torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ref["losses"]), rtol=RTOL, atol=0)
     torch.testing.assert_close(torch.tensor(run["grad_norms"]), torch.tensor(ref["grad_norms"]), rtol=RTOL, atol=0)

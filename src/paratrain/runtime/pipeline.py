@@ -475,6 +475,14 @@ class PipelineExecutor:
                 continue
             mine = copies[name]
             first = next(p for rep, p in mine if rep == 0)
+            if isinstance(self.optimizer, ShardedOptimizer) and self.schedule.num_replicas > 1:
+                # zero1 under Chimera: this rank holds one copy in the first chunk's unit and one in the
+                # last's, the same group and so the same slice of both; their sum is the slice's total
+                slices = [self.optimizer.shard_grad(p) for _, p in mine]
+                total = torch.stack(slices).sum(0)
+                for sl in slices:
+                    sl.copy_(total)
+                continue
             if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the copies' slices, alike on both holders
                 total = self.optimizer.shard_grad(first)
                 assert total is not None
@@ -493,7 +501,13 @@ class PipelineExecutor:
         """Squared norm of the gradients this rank counts: replica 0, first holder of a shared
         parameter (global norm only); :func:`grad_norm_sq` skips copies along replicated axes."""
         counted = []
+        # zero1 under Chimera: a chunk's slices are spread over both pipelines' holders, each
+        # slice on one rank, so every copy's slice counts
+        every_copy = isinstance(self.optimizer, ShardedOptimizer) and self.schedule.num_replicas > 1
         for name, lst in self._copies().items():
+            if every_copy:  # a tied parameter's copies hold the same (summed) slice here: once
+                counted.extend(q for _, q in (lst[:1] if name in self.groups.tie else lst))
+                continue
             p = next((q for rep, q in lst if rep == 0), None)
             if p is None:
                 continue

@@ -185,10 +185,12 @@ class Trainer:
                 for m in parts:
                     fully_shard_model(m, ctx)
             filled = load_filled(train, ctx)  # --fill-bubbles: the schedule's iterations with K-FAC fillers
-            if self._zero1():  # one unit per chunk, reduced at the chunk's R action
+            if self._zero1():  # one unit per chunk, reduced at the chunk's R action; in chunk order, the
+                # same on every holder of a chunk (Chimera: a rank's chunks share one group)
+                held = sorted(zip(layout.held, parts, strict=True), key=lambda cm: cm[0])
                 self.optimizer = ShardedOptimizer(
-                    [([p for p in m.parameters() if p.requires_grad], groups.reduce[c])
-                     for (c, _), m in zip(layout.held, parts, strict=True)], train, ctx)
+                    [([p for p in m.parameters() if p.requires_grad], groups.reduce[c]) for (c, _), m in held],
+                    train, ctx)
             else:
                 self.optimizer = make_optimizer(_trainable(parts), train, ctx, self.config.global_batch * spec.seq,
                                                 [(c, rep, m, groups.reduce.get(c))

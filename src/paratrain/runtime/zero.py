@@ -136,6 +136,8 @@ class ShardedOptimizer(Optimizer):
 
     def __init__(self, units: list[tuple[list[nn.Parameter], dist.ProcessGroup | None]], train: TrainConfig,
                  ctx: RuntimeContext, *, recorder: SpanRecorder | None = None) -> None:
+        """``units`` in an order every member of a shared group sees alike (a pipeline: by chunk):
+        the step's all-gathers and a checkpoint's gathers run unit by unit."""
         self.ctx, self.recorder = ctx, recorder
         self.units: list[_Unit] = []
         for params, group in units:
@@ -188,7 +190,9 @@ class ShardedOptimizer(Optimizer):
                 work.wait()
             if self.recorder is not None:
                 self.recorder.record("R@c0", "comm", start, time.perf_counter())
-            out.div_(u.sharded.world)
+            # the mean over the replicas of the data: dp x cp ranks (a Chimera chunk's group also
+            # holds the other pipeline's copy, whose micro-batches are the rest of the step's)
+            out.div_(self.ctx.data_degree)
             u.sharded.set_shard_grads(out)
             u.pending = None
 

@@ -196,7 +196,9 @@ def apply_loaded(trainer: Trainer, loaded: dict[str, torch.Tensor]) -> None:
         for name, copies in named_parameters(trainer).items():
             first = copies[0]
             if load_full_state is not None and f"optim/{name}/step" in loaded:
-                load_full_state(first, {k: loaded[f"optim/{name}/{k}"] for k in (*MOMENTS, "step")})
+                # zero1: every copy's own slice (Chimera's copies of a chunk hold different slices)
+                for q in copies:
+                    load_full_state(q, {k: loaded[f"optim/{name}/{k}"] for k in (*MOMENTS, "step")})
             for q in copies[1:]:
                 _local(q).copy_(_local(first))
                 if first in adamw.state:
