@@ -74,11 +74,11 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path: Path) -> 
     ("--sharding", "zero1"),
     # FSDP2 inside the pipeline engine: every chunk's parameters and state sharded over its stage's dp
     ("--sharding", "zero3", "--dp-impl", "fsdp", "--pp", "2", "--nproc", "4", "--schedule", "1f1b"),
-    # context parallelism: the optimizer state sliced over dp x cp, parameters replicated over cp
-    ("--sharding", "zero1", "--cp", "2", "--nproc", "4"),
-    # Chimera: each chunk's AdamW state sliced over both pipelines' holders, every copy its own slice
-    ("--sharding", "zero1", "--pp", "2", "--schedule", "chimera", "--layers", "4", "--nproc", "4"),
-], ids=["zero1-dp2", "zero3-dp2-pp2", "zero1-dp2-cp2", "zero1-dp2-pp2-chimera"])
+    # Chimera: each chunk's AdamW state sliced over both pipelines' holders (every copy its own
+    # slice) and the context-parallel ranks (parameters replicated over cp)
+    ("--sharding", "zero1", "--dp", "1", "--cp", "2", "--pp", "2", "--schedule", "chimera", "--layers", "4",
+     "--nproc", "4"),
+], ids=["zero1-dp2", "zero3-dp2-pp2", "zero1-cp2-pp2-chimera"])
 def test_sharded_checkpoint_resumes_exactly(tmp_path: Path, layout: tuple[str, ...]) -> None:
     """Resumed from step 4 of an 8-step run (its step-8 checkpoint removed), every loss, gradient
     norm and final parameter of a sharded layout equals the uninterrupted run's bit for bit."""

@@ -68,14 +68,12 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "bert-tp2-sp": ("bert", {"tp": 2, "sequence_parallel": True}, {}),
     # context parallelism: ring attention over the cp ranks, each on 2 of 2*cp sequence chunks
     "gpt-cp2": ("gpt", {"cp": 2}, {}),
-    "gpt-cp2-ddp": ("gpt", {"cp": 2}, {"dp_impl": "ddp"}),
     "gpt-cp4": ("gpt", {"cp": 4}, {}),
     "gpt-dp2-cp2": ("gpt", {"dp": 2, "cp": 2}, {}),
     "gpt-tp2-cp2-sp": ("gpt", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
     # optimizer state (zero1) and FSDP2's shards cut over the dp x cp ranks
     "gpt-cp2-zero1": ("gpt", {"cp": 2, "sharding": "zero1"}, {}),
     "gpt-dp2-cp2-zero3": ("gpt", {"dp": 2, "cp": 2, "sharding": "zero3"}, {"dp_impl": "fsdp"}),
-    "gpt-tp2-cp2-zero2": ("gpt", {"tp": 2, "cp": 2, "sharding": "zero2"}, {"dp_impl": "fsdp"}),
     # the pipeline engine: stages exchange the rank's tokens; R reduces over dp x cp
     "gpt-pp2-cp2": ("gpt", {"pp": 2, "cp": 2}, {}),
     "gpt-pp2-cp2-zb-h1": ("gpt", {"pp": 2, "cp": 2, "schedule": "zb-h1"}, {}),
@@ -83,6 +81,9 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llama-tp2-cp2": ("llama", {"tp": 2, "cp": 2}, {}),
 }
 TRACED = {"gpt-dp2-buckets"}
+# float64 only (the stricter check): the context-parallel variants beyond cp 2 itself, to keep the
+# launch short; the fp32 path of ring attention is the same code
+FP64_ONLY = {n for n, (_, layout, _) in LAYOUTS.items() if layout.get("cp", 1) > 1} - {"gpt-cp2"}
 
 
 def _world(layout: dict[str, Any]) -> int:
@@ -111,7 +112,7 @@ def _harness(out: Path, nproc: int) -> dict[str, dict[str, Any]]:
         if _world(layout) != nproc:
             continue
         parallel = {"global_batch": GLOBAL_BATCH, "microbatch": MICROBATCH, **layout}
-        for fp64 in (False, True):
+        for fp64 in (True,) if name in FP64_ONLY else (False, True):
             key = name + (":fp64" if fp64 else "")
             train = {**TRAIN, **extra}
             if name in TRACED and not fp64:
@@ -149,7 +150,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 def _assert_same_training(runs: dict[str, dict[str, Any]], name: str, ref: str) -> None:
     """fp32: losses and gradient norms; float64: losses, gradient norms and parameters."""
-    for suffix in ("", ":fp64"):
+    for suffix in (":fp64",) if name in FP64_ONLY else ("", ":fp64"):
         run, want = runs[name + suffix], runs[ref + suffix]
         assert len(run["losses"]) == STEPS
         torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(want["losses"]), rtol=RTOL, atol=0)
@@ -181,9 +182,8 @@ def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, Any
     _assert_same_training(runs, "llama-dp2-tp2", "llama-single")
 
 
-@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp2-ddp", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp", "gpt-cp2-zero1",
-                                  "gpt-dp2-cp2-zero3", "gpt-tp2-cp2-zero2", "gpt-pp2-cp2",
-                                  "gpt-pp2-cp2-zb-h1"])
+@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp", "gpt-cp2-zero1",
+                                  "gpt-dp2-cp2-zero3", "gpt-pp2-cp2", "gpt-pp2-cp2-zb-h1"])
 def test_gpt_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     # learned positions of the rank's zigzag chunks, causal ring attention, gradients over dp x cp
     _assert_same_training(runs, name, "gpt-single")
