@@ -68,6 +68,7 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "bert-tp2-sp": ("bert", {"tp": 2, "sequence_parallel": True}, {}),
     # context parallelism: ring attention over the cp ranks, each on 2 of 2*cp sequence chunks
     "gpt-cp2": ("gpt", {"cp": 2}, {}),
+    "gpt-cp2-ddp": ("gpt", {"cp": 2}, {"dp_impl": "ddp"}),
     "gpt-cp4": ("gpt", {"cp": 4}, {}),
     "gpt-dp2-cp2": ("gpt", {"dp": 2, "cp": 2}, {}),
     "gpt-tp2-cp2-sp": ("gpt", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
@@ -182,7 +183,7 @@ def test_llama_like_dp2_tp2_matches_single_process(runs: dict[str, dict[str, Any
     _assert_same_training(runs, "llama-dp2-tp2", "llama-single")
 
 
-@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp", "gpt-cp2-zero1",
+@pytest.mark.parametrize("name", ["gpt-cp2", "gpt-cp2-ddp", "gpt-cp4", "gpt-dp2-cp2", "gpt-tp2-cp2-sp", "gpt-cp2-zero1",
                                   "gpt-dp2-cp2-zero3", "gpt-pp2-cp2", "gpt-pp2-cp2-zb-h1"])
 def test_gpt_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     # learned positions of the rank's zigzag chunks, causal ring attention, gradients over dp x cp
