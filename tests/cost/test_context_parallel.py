@@ -180,7 +180,7 @@ def test_sequence_must_split_into_two_chunks_per_rank():
 
 @pytest.mark.parametrize("argv, needle", [
     (["train", "--cp", "2", "--steps", "1"], "cp(2)=2 != world_size(1)"),
-    (["train", "--cp", "2", "--dp", "2", "--compress", "oktopk", "--nproc", "4"], "--compress"),
+    (["train", "--cp", "3", "--seq", "60", "--compress", "gtopk", "--nproc", "3"], "gtopk"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "6", "--cp", "3"], "2*cp"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "6", "--cp", "4"], "--gpus"),
     (["simulate", "--model", "gpt3-1.3b", "--cp", "2", "--attention", "math"], "fused attention"),
@@ -196,12 +196,12 @@ def test_bad_cp_input_is_one_line_exit_2(capsys, argv, needle):
 def test_cp_in_a_config_file_is_read_by_train(capsys, tmp_path):
     """A plan's cp layout reaches train's checks: here the world size it needs, and a combination
     train does not run yet, each one line before anything is written."""
-    for parallel, needle in (('{"dp": 1, "cp": 2}', "cp(2)=2 != world_size(1)"),
-                             ('{"dp": 2, "cp": 2, "compression": "oktopk"}', "--compress")):
+    for parallel, extra, needle in (('{"dp": 1, "cp": 2}', [], "cp(2)=2 != world_size(1)"),
+                                    ('{"dp": 3, "cp": 2, "compression": "gtopk"}', ["--nproc", "6"], "gtopk")):
         cfg = tmp_path / "run.json"
         cfg.write_text(f'{{"parallel": {parallel}, "model": "gpt-tiny"}}')
         with pytest.raises(SystemExit) as e:
-            main(["train", "--config", str(cfg), "--steps", "1"])
+            main(["train", "--config", str(cfg), "--steps", "1", *extra])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and needle in err and len(err.splitlines()) == 1, err
         assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # nothing written

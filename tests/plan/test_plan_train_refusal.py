@@ -1,6 +1,6 @@
 """``plan`` says whether ``paratrain train`` runs its winner: the cost model prices layouts (a
-vocabulary or head count tp does not divide, context parallelism with gradient compression, FSDP2
-under a split-backward schedule) that the runtime refuses, and the plan should not leave the user
+vocabulary or head count tp does not divide, gTop-k over a dp x cp group that is not a power of
+two, FSDP2 under a split-backward schedule) that the runtime refuses, and the plan should not leave the user
 to find out at launch."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ LAYOUTS = {  # name -> (layout, a word of the refusal or None)
     "cp2": (dict(cp=2, global_batch=8), None),
     "dp2-cp2-tp2-sp": (dict(dp=2, cp=2, tp=2, sequence_parallel=True, global_batch=8), None),
     "cp2-pp2": (dict(cp=2, pp=2, global_batch=8), None),
-    "cp2-dp2-compressed": (dict(cp=2, dp=2, compression="oktopk", global_batch=8), "--compress"),
+    "cp2-dp2-compressed": (dict(cp=2, dp=2, compression="oktopk", global_batch=8), None),
+    "cp2-dp3-gtopk": (dict(cp=2, dp=3, compression="gtopk", global_batch=12), "gtopk"),
     "dp2-cp2-zero1": (dict(dp=2, cp=2, sharding="zero1", global_batch=8), None),
     "dp2-cp2-zero3": (dict(dp=2, cp=2, sharding="zero3", global_batch=8), None),
 }

@@ -54,6 +54,8 @@ RUNS: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = [
     ("dp2-tp2-oktopk-all", {"dp": 2, "tp": 2, "compression": "oktopk", "compression_density": 1.0}, {}, True),
     ("pp2-dp2-dense", {"dp": 2, "pp": 2}, {}, True),
     ("pp2-dp2-oktopk-all", {"dp": 2, "pp": 2, "compression": "oktopk", "compression_density": 1.0}, {}, True),
+    # over the dp x cp ranks (ring attention): the same training as dp 4's
+    ("dp2-cp2-oktopk-all", {"dp": 2, "cp": 2, "compression": "oktopk", "compression_density": 1.0}, {}, True),
     ("dp2-tp2-powersgd", {"dp": 2, "tp": 2, "compression": "powersgd"}, {"steps": 8, "compress_warmup": 2}, False),
     ("pp2-dp2-topka", {"dp": 2, "pp": 2, "compression": "topka", "compression_density": 0.05}, {"steps": 8},
      False),
@@ -164,9 +166,9 @@ def test_ok_topk_volume_on_tiny_gpt_gradients_is_below_6k(trained: dict[str, dic
     assert rows[-1]["loss"] < rows[0]["loss"]
 
 
-@pytest.mark.parametrize("layout", ["dp4", "dp2-tp2", "pp2-dp2"])
+@pytest.mark.parametrize("layout", ["dp4", "dp2-tp2", "pp2-dp2", "dp2-cp2"])
 def test_density_one_trains_like_dense_in_float64(trained: dict[str, dict[str, Any]], layout: str) -> None:
-    got, want = trained[f"{layout}-oktopk-all"], trained[f"{layout}-dense"]
+    got, want = trained[f"{layout}-oktopk-all"], trained[f"{layout}-dense" if layout != "dp2-cp2" else "dp4-dense"]
     torch.testing.assert_close(torch.tensor([r["loss"] for r in got["rows"]]),
                                torch.tensor([r["loss"] for r in want["rows"]]), rtol=RTOL, atol=0)
     for key, value in want["params"].items():

@@ -57,6 +57,8 @@ PIPELINES: dict[str, dict[str, Any]] = {
     "gpipe-dp2-at-U": {"pp": 2, "dp": 2, "schedule": "gpipe"},
     "dp4-at-U": {"dp": 4},
     "dp4-ddp-at-U": {"dp": 4, "dp_impl": "ddp"},
+    # factors over the dp x cp ranks, each holding its tokens of every sequence (ring attention)
+    "dp2-cp2-at-U": {"dp": 2, "cp": 2},
 }
 AT_U_REFRESH = 3
 

@@ -83,8 +83,8 @@ def test_metrics_path_with_rank_placeholder_is_checked(run_cli, tmp_path: Path) 
 # What context parallelism does not run with yet is refused by name before any worker starts.
 CP_CASES: dict[str, tuple[list[str], list[str]]] = {
     "cp-seq-indivisible": (["--cp", "3", "--nproc", "3"], ["cp", "2*cp = 6"]),
-    "cp-with-compression": (["--cp", "2", "--dp", "2", "--compress", "oktopk", "--nproc", "4"], ["--compress"]),
-    "cp-with-kfac": (["--cp", "2", "--optimizer", "kfac", "--nproc", "2"], ["--optimizer", "K-FAC"]),
+    # gTop-k's recursive doubling over the dp x cp reduction group
+    "cp-gtopk-group": (["--seq", "60", "--cp", "3", "--compress", "gtopk", "--nproc", "3"], ["gtopk", "cp(3)"]),
     "cp-with-bert": (["--cp", "2", "--model", "bert-base", "--layers", "1", "--hidden", "64", "--heads", "4",
                       "--seq", "32", "--vocab", "128", "--nproc", "2"], ["cp", "causal", "bert"]),
 }

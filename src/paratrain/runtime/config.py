@@ -281,11 +281,12 @@ def check_kfac(config: ParallelConfig, train: TrainConfig) -> None:
 
 def check_compression(config: ParallelConfig, train: TrainConfig) -> None:
     """The layouts gradient compression runs with (paratrain.runtime.compress): paratrain's own
-    reduction (the library DDP and FSDP2 paths reduce inside torch), any tp and pp; gTop-k pairs
-    ranks, so its reduction group (dp ranks) must be a power of two."""
+    reduction (the library DDP and FSDP2 paths reduce inside torch), any tp, pp and cp; gTop-k
+    pairs ranks, so its reduction group (dp x cp ranks) must be a power of two."""
     name = config.compression
     dgc = train.compress_momentum_correction or train.compress_density_warmup
-    if dgc and (name in ("none", "powersgd") or config.dp < 2):
+    replicas = config.dp * config.cp  # the reduction group
+    if dgc and (name in ("none", "powersgd") or replicas < 2):
         flag = "--compress-momentum-correction" if train.compress_momentum_correction else "--compress-density-warmup"
         raise ConfigError(flag, f"applies to a sparse compressor's data-parallel reduction, not to --compress {name} "
                           f"with dp({config.dp})", "use --compress oktopk (topka, gtopk, gaussiank) and --dp 2 or more")
@@ -294,9 +295,10 @@ def check_compression(config: ParallelConfig, train: TrainConfig) -> None:
     if train.dp_impl != "paratrain":
         raise ConfigError("--compress", f"{name} runs in paratrain's gradient reduction, not in {train.dp_impl} "
                           "(torch reduces those gradients itself)", "use --dp-impl paratrain or --compress none")
-    if name == "gtopk" and config.dp & (config.dp - 1):
+    if name == "gtopk" and replicas & (replicas - 1):
+        what = f"dp({config.dp})" + (f" x cp({config.cp})" if config.cp > 1 else "")
         raise ConfigError("--compress", f"gtopk pairs ranks by recursive doubling and needs a power-of-two dp, "
-                          f"got dp({config.dp})", "use --dp 2, 4, 8, ... or another compressor")
+                          f"got {what}", "use --dp 2, 4, 8, ... or another compressor")
     if config.pp > 1 and config.schedule.is_async:
         raise ConfigError("--compress", f"{name} keeps one residual per synchronous step; {config.schedule.value} "
                           "updates stages asynchronously", "use a synchronous --schedule (gpipe, 1f1b, ...)")
@@ -340,6 +342,7 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
         check_model_layout(model, config)
         check_context_parallel(config, train, model)
         check_sharding(config, train)
+        check_compression(config, train)
     except ConfigError as e:
         return str(e)
     return None
@@ -409,23 +412,19 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
 
 def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = None,
                            model: ModelSpec | None = None) -> None:
-    """What the runtime's ring attention (runtime/context_parallel.py) does not run with yet:
-    gradient compression, K-FAC, the image task, non-causal models. Every other layout runs (dp,
-    tp with or without sequence parallelism, pipelines, every sharding level over dp x cp).
+    """What the runtime's ring attention (runtime/context_parallel.py) does not run with yet: the
+    image task and non-causal models. Every other layout runs (dp, tp with or without sequence
+    parallelism, pipelines, every sharding level, compression and K-FAC over dp x cp).
     ``train`` / ``model``: check those too when given."""
     if config.cp == 1:
         return
     fix = "train with --cp 1, or predict it with `paratrain simulate --cp N` / `paratrain plan`"
-    if config.compression != "none":
-        raise ConfigError("--compress", f"gradient compression is not run with context parallelism "
-                          f"(cp {config.cp})", "drop --compress with --cp")
     if model is not None and not model.is_causal:
         raise ConfigError("cp", f"context parallelism runs causal language models, not {model.arch.value} "
                           f"(cp {config.cp})", f"use a GPT or Llama model with --cp; {fix}")
     if train is None:
         return
-    for flag, used, what in (("--optimizer", train.optimizer == "kfac", "K-FAC"),
-                             ("--task", train.task != "gpt", f"the {train.task} task")):
+    for flag, used, what in (("--task", train.task != "gpt", f"the {train.task} task"),):
         if used:
             raise ConfigError(flag, f"{what} is not run with context parallelism yet (cp {config.cp})",
                               f"drop {flag} with --cp, or use --cp 1")

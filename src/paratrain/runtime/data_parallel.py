@@ -221,7 +221,7 @@ def wrap_data_parallel(model: nn.Module, ctx: RuntimeContext, impl: str, *, buck
     if ctx.config.compression != "none" and dp > 1 and impl == "paratrain":
         from .compress.sync import CompressedGradSync
 
-        return model, CompressedGradSync([model], ctx.group("dp"), ctx.config.compression,
+        return model, CompressedGradSync([model], ctx.data_group(), ctx.config.compression,
                                          ctx.config.compression_density, warmup=compress_warmup, recorder=recorder,
                                          dgc=dgc)
     if uses_fsdp(impl, ctx):

@@ -156,8 +156,9 @@ class KfacLayer:
 class Kfac:
     """K-FAC state of this rank's layers, split into the pieces of the module docstring.
 
-    ``tokens``: the ``n`` token rows of the global batch; ``dp``: the data-parallel degree (the
-    loss each rank differentiates is its own mean; the reduction divides by ``dp``).
+    ``tokens``: the ``n`` token rows of the global batch; ``dp``: the ranks the batch's tokens are
+    split over, data- times context-parallel (the loss each rank differentiates is the mean over
+    its own tokens; the reduction divides by ``dp``).
     """
 
     def __init__(self, layers: list[KfacLayer], *, tokens: int, dp: int, damping: float = 1e-3,
@@ -439,9 +440,9 @@ def build_kfac_optimizer(params: list[nn.Parameter], train: TrainConfig, ctx: Ru
         cost = cost_indices([n for n, _ in found])
         for (n, m), ci in zip(found, cost, strict=True):
             layers.append(KfacLayer(f"c{c}r{rep}.{n}", m, key=(c, n), group=group, cost_index=offset + ci,
-                                    counted=rep == 0 and ctx.dp_rank == 0 and ctx.tp_rank == 0))
+                                    counted=rep == 0 and ctx.dp_rank == 0 and ctx.cp_rank == 0 and ctx.tp_rank == 0))
         offset += max(cost, default=-1) + 1
-    kfac = Kfac(layers, tokens=tokens, dp=ctx.config.dp, damping=train.kfac_damping, refresh=train.kfac_refresh,
+    kfac = Kfac(layers, tokens=tokens, dp=ctx.data_degree, damping=train.kfac_damping, refresh=train.kfac_refresh,
                 inv_groups=inv_groups)
 
     def world_sum(t: torch.Tensor) -> None:

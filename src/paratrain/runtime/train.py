@@ -167,7 +167,7 @@ class Trainer:
                                                      recorder=self.tracer, compress_warmup=train.compress_warmup,
                                                      dgc=dgc_settings(train))
                 self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
-                                                [(0, 0, part, ctx.group("dp") if self.config.dp > 1 else None)])
+                                                [(0, 0, part, ctx.data_group() if ctx.data_degree > 1 else None)])
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
                                                 phase=self.phase, autocast=self.autocast)
         else:
