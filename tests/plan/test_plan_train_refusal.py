@@ -22,6 +22,7 @@ LAYOUTS = {  # name -> (layout, a word of the refusal or None)
     "pp2-tp2-sp": (dict(pp=2, tp=2, sequence_parallel=True, global_batch=8), None),
     "tp3": (dict(tp=3, global_batch=8), "tp"),
     "dp2-pp2-zero3-zb": (dict(dp=2, pp=2, sharding="zero3", schedule="zb-h1", global_batch=8), "FSDP2"),
+    "dp2-pp2-zero3-chimera": (dict(dp=2, pp=2, sharding="zero3", schedule="chimera", global_batch=8), None),
     "dp2-pp2-zero1-chimera": (dict(dp=2, pp=2, sharding="zero1", schedule="chimera", global_batch=8), None),
     "dp2-pp2-zero1-2bw": (dict(dp=2, pp=2, sharding="zero1", schedule="2bw", global_batch=8), "2bw"),
     "cp2": (dict(cp=2, global_batch=8), None),

@@ -33,6 +33,8 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "zero2-dp2-pp2": ({"dp": 2, "pp": 2, "sharding": "zero2", "schedule": "1f1b"}, {"dp_impl": "fsdp"}),
     "zero3-dp2-pp2-interleaved": ({"dp": 2, "pp": 2, "sharding": "zero3", "schedule": "interleaved",
                                    "virtual_stages": 2}, {"dp_impl": "fsdp"}),
+    # Chimera: each pipeline's copy of a chunk sharded over its dp ranks, the copies' shards summed
+    "zero3-dp2-pp2-chimera": ({"dp": 2, "pp": 2, "sharding": "zero3", "schedule": "chimera"}, {"dp_impl": "fsdp"}),
     # zero1: paratrain's distributed optimizer, whole model and per pipeline chunk
     "zero1-dp4": ({"dp": 4, "sharding": "zero1"}, {}),
     "zero1-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "zero1"}, {}),

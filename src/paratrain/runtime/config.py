@@ -368,12 +368,11 @@ def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
     elif config.sharding != "none" and train.dp_impl != "fsdp":
         raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
                           "use --dp-impl fsdp")
-    if train.dp_impl == "fsdp" and config.pp > 1 and (
-            config.schedule.is_async or config.schedule.value in ("chimera", "zb-h1")):
+    if train.dp_impl == "fsdp" and config.pp > 1 and (config.schedule.is_async or config.schedule.value == "zb-h1"):
         # FSDP2's hooks need autograd to run each backward whole, on the module's own parameters
         raise ConfigError("--schedule", f"{config.schedule} does not run under FSDP2 (--dp-impl fsdp): its "
-                          "weight versions, replicas or split backward bypass FSDP's hooks",
-                          "use gpipe, 1f1b or interleaved with --dp-impl fsdp")
+                          "weight versions or split backward bypass FSDP's hooks",
+                          "use gpipe, 1f1b, interleaved or chimera with --dp-impl fsdp")
 
 
 def check_checkpointing(config: ParallelConfig, train: TrainConfig) -> None:

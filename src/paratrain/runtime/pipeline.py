@@ -47,7 +47,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -163,6 +163,9 @@ class PipelineGroups:
     reduce: dict[int, dist.ProcessGroup | None]  # chunk -> the ranks holding a copy of it (R)
     stage: dist.ProcessGroup | None  # the ranks of this pipeline rank's stage (asynchronous clipping)
     tie: dict[str, dist.ProcessGroup | None]  # shared parameter -> the pipeline ranks holding it
+    # Chimera under FSDP2: chunk -> the pipeline ranks holding a copy of it at this rank's (dp, cp,
+    # tp), whose dp-reduced shards are summed (empty without replicas)
+    replica: dict[int, dist.ProcessGroup | None] = field(default_factory=dict)
 
 
 def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout, ctx: RuntimeContext) -> PipelineGroups:
@@ -202,7 +205,16 @@ def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout,
                 g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for h in hosts])
                 if (d, c, t) == (dp_rank, cp_rank, tp_rank) and pp_rank in hosts:
                     tie[name] = g
-    return PipelineGroups(reduce, stage, tie)
+    replica: dict[int, dist.ProcessGroup | None] = {}
+    if schedule.num_replicas > 1:  # one group per (chunk, dp, cp, tp), made on every rank
+        for c in range(schedule.num_chunks):
+            hosts = hosts_of(schedule, c)
+            for d, cc in replicas:
+                for t in range(config.tp):
+                    g = group_of([config.rank_of(pp=h, dp=d, cp=cc, tp=t) for h in hosts])
+                    if (d, cc, t) == (dp_rank, cp_rank, tp_rank) and pp_rank in hosts:
+                        replica[c] = g
+    return PipelineGroups(reduce, stage, tie, replica)
 
 
 # ----- the executor ---------------------------------------------------------------------------------
@@ -453,7 +465,30 @@ class PipelineExecutor:
             self.optimizer.finish()
             if self.engine.record:
                 self.engine.spans.append(ActionSpan("R.wait", "reduce", start, time.perf_counter(), None))
+        if self.chunks_sharded and self.groups.replica:
+            self._reduce_replicas()
         self._reduce_tied()
+
+    def _reduce_replicas(self) -> None:
+        """Chimera under FSDP2: each copy of a chunk holds the dp mean of its own pipeline's
+        micro-batches in its shards; the sum over the copies (the same shard on each holder) is the
+        step's gradient, as the dense ``R`` sums over both pipelines and divides by dp."""
+        for chunk in sorted(self.chunks, key=lambda ch: ch.chunk):  # the same order on every holder
+            group = self.groups.replica.get(chunk.chunk)
+            if group is None:
+                continue
+            grads = []
+            for p in chunk.params.values():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(local_tensor(p.grad))
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            comm.all_reduce(flat, group, axis="pp", purpose="replica_grads")
+            offset = 0
+            with torch.no_grad():
+                for g in grads:
+                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                    offset += g.numel()
 
     def _copies(self) -> dict[str, list[tuple[int, nn.Parameter]]]:
         """Local parameters by canonical (full-model) name: (replica, parameter), de-duplicated."""
