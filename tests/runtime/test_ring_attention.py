@@ -20,7 +20,7 @@ import torch
 from tests.runtime import forkrun
 
 from paratrain.cost.context_parallel import kv_block_bytes, ring_step_bytes, ring_steps
-from paratrain.runtime.context_parallel import Ring, _pairs, shard_batch, zigzag_positions
+from paratrain.runtime.context_parallel import Ring, block_pairs, shard_batch, zigzag_positions
 from paratrain.runtime.data import Batch
 from paratrain.spec.model import ModelSpec
 
@@ -46,12 +46,12 @@ def test_each_ring_step_computes_half_the_scores_on_every_rank(cp: int) -> None:
     for index in range(cp):
         ring = Ring(group=None, ranks=tuple(range(cp)), index=index)
         for step in range(cp):
-            pairs = _pairs(ring, ring.owner_at(step))
+            pairs = block_pairs(ring, ring.owner_at(step))
             work = sum(0.5 if diagonal else 1.0 for _, _, diagonal in pairs)
             assert work == 2.0, (index, step, pairs)
     # without a mask every pair, in full
     ring = Ring(group=None, ranks=tuple(range(cp)), index=0, causal=False)
-    assert all(len(_pairs(ring, ring.owner_at(s))) == 4 for s in range(cp))
+    assert all(len(block_pairs(ring, ring.owner_at(s))) == 4 for s in range(cp))
 
 
 def test_ring_visits_every_owner_once() -> None:

@@ -40,7 +40,7 @@ from torch import nn
 from .comm import layer as comm
 from .data import Batch
 
-__all__ = ["Ring", "zigzag_positions", "chunk_ids", "ring_attention", "shard_batch", "make_ring",
+__all__ = ["Ring", "zigzag_positions", "chunk_ids", "block_pairs", "ring_attention", "shard_batch", "make_ring",
            "apply_context_parallel"]
 
 
@@ -117,7 +117,7 @@ class _Transfer:
         return self.bufs
 
 
-def _pairs(ring: Ring, owner: int) -> list[tuple[int, int, bool]]:
+def block_pairs(ring: Ring, owner: int) -> list[tuple[int, int, bool]]:
     """The (query chunk, key chunk, diagonal) pairs this rank computes against ``owner``'s block:
     local chunk indices 0/1 on both sides; without a causal mask every pair, in full."""
     mine, theirs = chunk_ids(ring.size, ring.index), chunk_ids(ring.size, owner)
@@ -158,7 +158,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.size):
             pending = ring.pass_on(kv, "ring_kv") if step < ring.size - 1 else None
             kc, vc = (_expand(t, groups).chunk(2, dim=2) for t in kv)
-            for qi, ki, diag in _pairs(ring, ring.owner_at(step)):
+            for qi, ki, diag in block_pairs(ring, ring.owner_at(step)):
                 s = _scores(qc[qi], kc[ki], scale, diag).to(acc)
                 part_lse = torch.logsumexp(s, dim=-1)
                 part = torch.matmul(torch.exp(s - part_lse.unsqueeze(-1)).to(dt), vc[ki]).to(acc)
@@ -191,7 +191,7 @@ class _RingAttention(torch.autograd.Function):
             kc, vc = (_expand(t, groups).chunk(2, dim=2) for t in kv)
             dk = [torch.zeros(kc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
             dv = [torch.zeros(vc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
-            for qi, ki, diag in _pairs(ring, ring.owner_at(step)):
+            for qi, ki, diag in block_pairs(ring, ring.owner_at(step)):
                 p = torch.exp(_scores(qc[qi], kc[ki], scale, diag).to(acc) - lsec[qi].unsqueeze(-1))
                 dv[ki] = dv[ki] + torch.matmul(p.to(dt).transpose(-2, -1), doc[qi])
                 dp = torch.matmul(doc[qi], vc[ki].transpose(-2, -1)).to(acc)
