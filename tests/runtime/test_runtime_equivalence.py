@@ -80,6 +80,9 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gpt-pp2-cp2-zb-h1": ("gpt", {"pp": 2, "cp": 2, "schedule": "zb-h1"}, {}),
     "llama-cp2": ("llama", {"cp": 2}, {}),
     "llama-tp2-cp2": ("llama", {"tp": 2, "cp": 2}, {}),
+    # unmasked ring; the masked-LM loss over the micro-batch's masked tokens on every cp rank
+    "bert-cp2": ("bert", {"cp": 2}, {}),
+    "bert-tp2-cp2-sp": ("bert", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
 }
 TRACED = {"gpt-dp2-buckets"}
 # float64 only (the stricter check): the context-parallel variants beyond cp 2 itself, to keep the
@@ -199,6 +202,11 @@ def test_llama_like_context_parallel_matches_single_process(runs: dict[str, dict
 def test_bert_tp2_sequence_parallel_matches_single_process(runs: dict[str, dict[str, Any]]) -> None:
     # Post-norm blocks, masked-LM loss over masked positions only, tied MLM decoder with its own bias.
     _assert_same_training(runs, "bert-tp2-sp", "bert-single")
+
+
+@pytest.mark.parametrize("name", ["bert-cp2", "bert-tp2-cp2-sp"])
+def test_bert_context_parallel_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
+    _assert_same_training(runs, name, "bert-single")
 
 
 def test_paratrain_data_parallel_equals_ddp(runs: dict[str, dict[str, Any]]) -> None:

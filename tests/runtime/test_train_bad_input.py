@@ -85,8 +85,6 @@ CP_CASES: dict[str, tuple[list[str], list[str]]] = {
     "cp-seq-indivisible": (["--cp", "3", "--nproc", "3"], ["cp", "2*cp = 6"]),
     # gTop-k's recursive doubling over the dp x cp reduction group
     "cp-gtopk-group": (["--seq", "60", "--cp", "3", "--compress", "gtopk", "--nproc", "3"], ["gtopk", "cp(3)"]),
-    "cp-with-bert": (["--cp", "2", "--model", "bert-base", "--layers", "1", "--hidden", "64", "--heads", "4",
-                      "--seq", "32", "--vocab", "128", "--nproc", "2"], ["cp", "causal", "bert"]),
 }
 
 

@@ -255,9 +255,6 @@ def train(
                               optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
                               schedule=schedule, virtual_stages=virtual_stages, compression=compress,
                               compression_density=density, sharding=sharding)
-    from paratrain.runtime.config import check_context_parallel
-
-    check_context_parallel(pcfg)  # before anything else: what ring attention does not run with yet
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2; runtime.config.check_sharding

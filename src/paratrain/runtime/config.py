@@ -340,7 +340,7 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
     train = TrainConfig(dp_impl=default_dp_impl(config))
     try:
         check_model_layout(model, config)
-        check_context_parallel(config, train, model)
+        check_context_parallel(config, train)
         check_sharding(config, train)
         check_compression(config, train)
     except ConfigError as e:
@@ -409,24 +409,13 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
             "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
 
 
-def check_context_parallel(config: ParallelConfig, train: TrainConfig | None = None,
-                           model: ModelSpec | None = None) -> None:
-    """What the runtime's ring attention (runtime/context_parallel.py) does not run with yet: the
-    image task and non-causal models. Every other layout runs (dp, tp with or without sequence
-    parallelism, pipelines, every sharding level, compression and K-FAC over dp x cp).
-    ``train`` / ``model``: check those too when given."""
-    if config.cp == 1:
-        return
-    fix = "train with --cp 1, or predict it with `paratrain simulate --cp N` / `paratrain plan`"
-    if model is not None and not model.is_causal:
-        raise ConfigError("cp", f"context parallelism runs causal language models, not {model.arch.value} "
-                          f"(cp {config.cp})", f"use a GPT or Llama model with --cp; {fix}")
-    if train is None:
-        return
-    for flag, used, what in (("--task", train.task != "gpt", f"the {train.task} task"),):
-        if used:
-            raise ConfigError(flag, f"{what} is not run with context parallelism yet (cp {config.cp})",
-                              f"drop {flag} with --cp, or use --cp 1")
+def check_context_parallel(config: ParallelConfig, train: TrainConfig) -> None:
+    """What the runtime's ring attention (runtime/context_parallel.py) does not run with: the image
+    task (a CNN has no sequence). Every other layout runs (GPT, Llama and BERT; dp, tp with or
+    without sequence parallelism, pipelines, every sharding level, compression and K-FAC over dp x cp)."""
+    if config.cp > 1 and train.task != "gpt":
+        raise ConfigError("--task", f"the {train.task} task has no sequence to split (cp {config.cp})",
+                          "drop --cp with --task image, or use --cp 1")
 
 
 def check_world_size(config: ParallelConfig, world_size: int) -> None:
@@ -439,8 +428,7 @@ def check_world_size(config: ParallelConfig, world_size: int) -> None:
 
 
 def check_model_layout(model: ModelSpec, config: ParallelConfig) -> None:
-    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP and CP need."""
-    check_context_parallel(config, model=model)
+    """The layout checks of ``ParallelConfig.validate_for`` plus what this runtime's TP needs."""
     config.validate_for(model, even_layers=config.partition is None)
     if config.tp > 1:
         if model.num_kv_heads % config.tp:

@@ -30,17 +30,21 @@ accumulated in at least fp32, and dK, dV travel in it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from .comm import layer as comm
 from .data import Batch
+from .models.base import IGNORE_INDEX
 
 __all__ = ["Ring", "zigzag_positions", "chunk_ids", "block_pairs", "ring_attention", "shard_batch", "make_ring",
+           "counted_loss",
            "apply_context_parallel"]
 
 
@@ -234,6 +238,23 @@ def ring_attention(q_BNSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Ten
     if q_BNSD.shape[2] % 2:
         raise ValueError(f"a context-parallel rank holds two equal chunks, got {q_BNSD.shape[2]} tokens")
     return _RingAttention.apply(q_BNSD, k_BKSD, v_BKSD, ring)
+
+
+def counted_loss(ring: Ring) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss of a model whose targets may be ignored (BERT's masked LM: only the masked
+    positions count, and their number differs between the cp ranks): this rank's summed token
+    loss over the micro-batch's count of targets on every cp rank (one all-reduce of a count),
+    times cp, so that the dp x cp average of the ranks' gradients is the micro-batch mean's. A
+    causal LM counts every token, so its ranks' plain means already are that."""
+
+    def loss(logits_BSV: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
+        total = F.cross_entropy(logits_BSV.flatten(0, 1), targets_BS.flatten(), ignore_index=IGNORE_INDEX,
+                                reduction="sum")
+        count = (targets_BS != IGNORE_INDEX).sum().to(torch.float64)
+        comm.all_reduce(count, ring.group, axis="cp", purpose="loss_count")
+        return total * (ring.size / max(float(count), 1.0))
+
+    return loss
 
 
 def make_ring(group: dist.ProcessGroup, causal: bool) -> Ring:

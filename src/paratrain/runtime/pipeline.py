@@ -229,7 +229,8 @@ class PipelineExecutor:
     def __init__(self, ctx: RuntimeContext, spec: ModelSpec, train: TrainConfig, schedule: Schedule,
                  layout: ChunkLayout, modules: list[nn.Module], groups: PipelineGroups, optimizer: Optimizer,
                  batch_of: Callable[[int], Batch], *, tracer: Tracer, phase: faults.Phase,
-                 autocast: Callable[[], Any]) -> None:
+                 autocast: Callable[[], Any],
+                 loss: Callable[[Any, torch.Tensor], torch.Tensor] = TransformerLM.loss) -> None:
         self.ctx, self.spec, self.train, self.schedule = ctx, spec, train, schedule
         self.config = ctx.config
         self.layout, self.groups, self.optimizer, self.batch_of = layout, groups, optimizer, batch_of
@@ -259,7 +260,7 @@ class PipelineExecutor:
                 activation_dtype=dtype,
                 device=ctx.device,
                 peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, cp=self.cp_rank, tp=self.tp_rank),
-                loss_fn=TransformerLM.loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
+                loss_fn=loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
                 record=train.trace is not None, fillers=self.fillers, before=self._before_action,
                 # gloo progresses each message on its own; NCCL's p2p run in order on one stream
                 prefetch_receives=(2 if ctx.backend == "gloo" else 0) if train.prefetch_receives is None

@@ -57,7 +57,7 @@ from .config import (
     check_sinks,
     check_task,
 )
-from .context_parallel import apply_context_parallel, make_ring, shard_batch
+from .context_parallel import apply_context_parallel, counted_loss, make_ring, shard_batch
 from .data import Batch
 from .data.tokenized import run_data_sources
 from .data_parallel import GradSync, fully_shard_model, uses_fsdp, wrap_data_parallel
@@ -66,7 +66,7 @@ from .executor import SingleStageExecutor, StepExecutor, StepOutput
 from .kfac import KfacOptimizer, load_filled, make_optimizer
 from .mesh import RuntimeContext, check_model_layout, init_runtime
 from .metrics import MetricsWriter, Tracer, max_memory_bytes, peak_flops_per_device, step_mfu
-from .models import build_model
+from .models import TransformerLM, build_model
 from .optim import global_grad_norm, lr_at
 from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_groups, schedule_for, validate_pipeline
 from .progress import StepConsole
@@ -86,7 +86,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     """Every check that needs no process group: run it before launching anything. Returns the
     validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
-    check_context_parallel(config, train, spec)
+    check_context_parallel(config, train)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
@@ -155,8 +155,11 @@ class Trainer:
             # gradient hooks tensor parallelism registers on them.
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
+            loss = TransformerLM.loss
             if self.config.cp > 1:  # ring attention over the cp ranks, each on its tokens of every sequence
-                self.positions = apply_context_parallel(part, make_ring(ctx.group("cp"), spec.is_causal), spec.seq)
+                ring = make_ring(ctx.group("cp"), spec.is_causal)
+                self.positions = apply_context_parallel(part, ring, spec.seq)
+                loss = loss if spec.is_causal else counted_loss(ring)
             grad_sync: GradSync
             if self._zero1():  # the distributed optimizer reduces the gradients itself (runtime/zero.py)
                 self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.data_group())], train, ctx,
@@ -169,15 +172,17 @@ class Trainer:
                 self.optimizer = make_optimizer(_trainable([part]), train, ctx, self.config.global_batch * spec.seq,
                                                 [(0, 0, part, ctx.data_group() if ctx.data_degree > 1 else None)])
             self.executor = SingleStageExecutor(ctx, part, grad_sync, self._batch, tracer=self.tracer,
-                                                phase=self.phase, autocast=self.autocast)
+                                                phase=self.phase, autocast=self.autocast, loss=loss)
         else:
             self.schedule = schedule if schedule is not None else schedule_for(self.config, train.steps)
             check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
             layout = cut_model(model, self.schedule, self.config, ctx.pp_rank)
+            loss = TransformerLM.loss
             if self.config.cp > 1:  # each chunk: its ring, the positions of the rank's tokens
                 ring = make_ring(ctx.group("cp"), spec.is_causal)
                 for m in layout.modules:
                     self.positions = apply_context_parallel(m, ring, spec.seq)
+                loss = loss if spec.is_causal else counted_loss(ring)
             groups = make_groups(self.config, self.schedule, layout, ctx)
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=self.config.sequence_parallel)
                      for m in layout.modules]
@@ -197,7 +202,7 @@ class Trainer:
                                                  for (c, rep), m in zip(layout.held, parts, strict=True)], filled)
             self.executor = PipelineExecutor(ctx, spec, train, self.schedule, layout, parts, groups, self.optimizer,
                                              self._batch, tracer=self.tracer, phase=self.phase,
-                                             autocast=self.autocast)
+                                             autocast=self.autocast, loss=loss)
             if isinstance(self.optimizer, KfacOptimizer):
                 self.executor.use_kfac(self.optimizer.kfac, filled)
         self.params = self.optimizer.params

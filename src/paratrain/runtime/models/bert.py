@@ -29,9 +29,11 @@ class BertEmbedding(nn.Module):
         self.segment = nn.Embedding(2, spec.hidden)  # token types: sentence A / B
         self.norm = make_norm(spec)
         self.pad_token = spec.pad_token
+        self.positions: torch.Tensor | None = None  # context parallelism: this rank's tokens' positions
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
-        pos_S = torch.arange(tokens_BS.shape[1], device=tokens_BS.device)
+        pos = self.positions if self.positions is not None else torch.arange(tokens_BS.shape[1])
+        pos_S = pos.to(tokens_BS.device)
         # One segment per sequence: every token has type 0 (masked LM without next-sentence).
         x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
         x_BSH = x_BSH + self.pos(pos_S) + self.segment(torch.zeros_like(pos_S))
