@@ -57,6 +57,9 @@ LAYOUTS: dict[str, tuple[int, int, int, str, int, bool]] = {
     "pp2-dp2-zb-h1": (2, 1, 2, "zb-h1", 1, False),
     "pp2-tp2-1f1b": (1, 2, 2, "1f1b", 1, False),
 }
+# context parallelism (ring attention), on request only (--layouts): name -> (dp, tp, pp, cp)
+CP_LAYOUTS: dict[str, tuple[int, int, int, int]] = {"dp2-cp2": (2, 1, 1, 2), "cp4": (1, 1, 1, 4),
+                                                    "tp2-cp2": (1, 2, 1, 2)}
 TOLERANCE = 0.15  # the target: every layout within 15 %
 
 
@@ -70,6 +73,10 @@ def _spec(a: argparse.Namespace):
 def _config(a: argparse.Namespace, name: str):
     from paratrain.parallel.config import ParallelConfig
 
+    if name in CP_LAYOUTS:
+        dp, tp, pp, cp = CP_LAYOUTS[name]
+        return ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, microbatch=a.microbatch, global_batch=a.global_batch,
+                              dtype="fp32")
     dp, tp, pp, schedule, v, sp = LAYOUTS[name]
     return ParallelConfig(dp=dp, tp=tp, pp=pp, schedule=schedule, virtual_stages=v, sequence_parallel=sp,
                           microbatch=a.microbatch, global_batch=a.global_batch, dtype="fp32")
@@ -258,7 +265,8 @@ def main() -> None:
                    "(default: run paratrain calibrate --procs 4 --threads 1 into a fresh one)")
     p.add_argument("--save-calibration", help="copy the calibration made here to this directory (a PARATRAIN_CACHE "
                    "for --calibration)")
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated, of: " + ", ".join(LAYOUTS))
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help="comma-separated, of: " + ", ".join([*LAYOUTS, *CP_LAYOUTS]) + " (the cp ones on request)")
     p.add_argument("--predict-only", action="store_true", help="print the predictions of --calibration's "
                    "calibration without training (no measured column, no verdict)")
     p.add_argument("--steps", type=int, default=4)
@@ -267,9 +275,9 @@ def main() -> None:
     if a.worker:
         worker(a)
         return
-    unknown = [n for n in a.layouts.split(",") if n not in LAYOUTS]
+    unknown = [n for n in a.layouts.split(",") if n not in LAYOUTS and n not in CP_LAYOUTS]
     if unknown:
-        p.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
+        p.error(f"unknown layouts {unknown}; choose from {', '.join([*LAYOUTS, *CP_LAYOUTS])}")
     if a.predict_only:
         if not a.calibration:
             p.error("--predict-only needs --calibration DIR")
