@@ -135,7 +135,7 @@ def worker(a: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("layout", choices=list(bl.LAYOUTS))
+    p.add_argument("layout", choices=[*bl.LAYOUTS, *bl.CP_LAYOUTS])
     p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")
     bl.add_model_flags(p)
     a = p.parse_args()
