@@ -14,9 +14,9 @@ What ``cost/context_parallel.py`` prices, run for real (Megatron-LM / Transforme
   diagonal: a later key chunk is skipped, an earlier one is attended in full, the same chunk
   under the triangular mask. Each step therefore computes half of the ``(s/cp)²`` scores;
 - the backward runs the ring again: K and V travel as in the forward, and one hop behind them the
-  gradients ``dK, dV`` summed for each block so far; the owner keeps its own share, so after
-  ``cp−1`` hops of each (the cost model's ``2·(cp−1)`` K/V-sized transfers) every block's
-  gradients are home;
+  gradients ``dK, dV`` summed for each block so far, each hop overlapped with the next block's
+  work; the owner keeps its own share, so after ``cp−1`` hops of each (the cost model's
+  ``2·(cp−1)`` K/V-sized transfers) every block's gradients are home;
 - parameters are replicated over cp; their gradients are reduced over the data- and
   context-parallel ranks together (:meth:`RuntimeContext.data_group`), each rank's loss being
   the mean over its own tokens.
@@ -188,7 +188,7 @@ class _RingAttention(torch.autograd.Function):
         dq = [torch.zeros(qc[0].shape, dtype=acc, device=q.device) for _ in range(2)]
         kv = [k, v]
         own: list[torch.Tensor] = []  # this rank's part of its own block's dK, dV (step 0)
-        arriving: list[torch.Tensor] | None = None  # the block's dK, dV summed by the ranks before
+        hop: _Transfer | None = None  # the last summed dK, dV: out to the next rank, in from the previous
         for step in range(ring.size):
             # K and V go ahead while this block is worked on; its gradients follow one step behind
             pending = ring.pass_on(kv, "ring_kv") if step < ring.size - 1 else None
@@ -206,14 +206,16 @@ class _RingAttention(torch.autograd.Function):
             if step == 0:
                 own = mine  # kept here: the block's sum comes home after the other cp-1 ranks
             else:
+                # the previous hop brought the sum for the block held now (none yet at step 1)
+                arriving = hop.wait() if hop is not None else None
                 total = mine if arriving is None else [a + m for a, m in zip(arriving, mine, strict=True)]
-                # to the next rank, which holds this block next step (home after the last); from
-                # the previous one, the sum for the block this rank holds next
-                arriving = ring.pass_on(total, "ring_dkv").wait()
+                # to the next rank, which holds this block next step (home after the last); it
+                # travels while the next block is worked on
+                hop = ring.pass_on(total, "ring_dkv")
             if pending is not None:
                 kv = pending.wait()
-        assert arriving is not None
-        dkv = [mine0 + a for mine0, a in zip(own, arriving, strict=True)]
+        assert hop is not None
+        dkv = [mine0 + a for mine0, a in zip(own, hop.wait(), strict=True)]
         return torch.cat(dq, dim=2).to(dt), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
 
 
