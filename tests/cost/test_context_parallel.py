@@ -194,8 +194,8 @@ def test_bad_cp_input_is_one_line_exit_2(capsys, argv, needle):
 
 
 def test_cp_in_a_config_file_is_read_by_train(capsys, tmp_path):
-    """A plan's cp layout reaches train's checks: here the world size it needs, and a combination
-    train does not run yet, each one line before anything is written."""
+    """A plan's cp layout reaches train's checks: here the world size it needs, and a gTop-k group
+    (dp x cp = 6) it cannot pair up, each one line before anything is written."""
     for parallel, extra, needle in (('{"dp": 1, "cp": 2}', [], "cp(2)=2 != world_size(1)"),
                                     ('{"dp": 3, "cp": 2, "compression": "gtopk"}', ["--nproc", "6"], "gtopk")):
         cfg = tmp_path / "run.json"
