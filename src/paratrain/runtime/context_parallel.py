@@ -39,13 +39,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.spec.model import ModelSpec
+
 from .comm import layer as comm
 from .data import Batch
-from .models.base import IGNORE_INDEX
+from .models.base import IGNORE_INDEX, TransformerLM
 
 __all__ = ["Ring", "zigzag_positions", "chunk_ids", "block_pairs", "ring_attention", "shard_batch", "make_ring",
-           "counted_loss",
-           "apply_context_parallel"]
+           "counted_loss", "apply_context_parallel"]
 
 
 def zigzag_positions(seq: int, cp: int, rank: int) -> torch.Tensor:
@@ -265,14 +266,19 @@ def make_ring(group: dist.ProcessGroup, causal: bool) -> Ring:
     return Ring(group=group, ranks=ranks, index=ranks.index(dist.get_rank()), causal=causal)
 
 
-def apply_context_parallel(model: nn.Module, ring: Ring, seq: int) -> torch.Tensor:
-    """Make ``model`` (a :class:`~paratrain.runtime.models.TransformerLM` or a pipeline chunk of one,
-    tensor parallelism applied or not) run on this cp rank's tokens: learned and rotary positions of those tokens,
-    every attention through ``ring``. Returns the positions, to cut each batch with."""
-    positions = zigzag_positions(seq, ring.size, ring.index)
-    model.positions = positions  # the rotary tables' rows
-    if model.embed is not None and hasattr(model.embed, "positions"):
-        model.embed.positions = positions
-    for block in model.blocks:
-        block.attn.ring = ring
-    return positions
+def apply_context_parallel(modules: list[nn.Module], group: dist.ProcessGroup, spec: ModelSpec
+                           ) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Make ``modules`` (a :class:`~paratrain.runtime.models.TransformerLM`, or this rank's pipeline
+    chunks of one; tensor parallelism applied or not) run on this cp rank's tokens: learned and
+    rotary positions of those tokens, every attention through the ring over ``group``. Returns the
+    positions, to cut each batch with, and the loss to train with (:func:`counted_loss` unless
+    every token counts)."""
+    ring = make_ring(group, spec.is_causal)
+    positions = zigzag_positions(spec.seq, ring.size, ring.index)
+    for model in modules:
+        model.positions = positions  # the rotary tables' rows
+        if model.embed is not None:
+            model.embed.positions = positions
+        for block in model.blocks:
+            block.attn.ring = ring
+    return positions, TransformerLM.loss if spec.is_causal else counted_loss(ring)

@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,7 +58,7 @@ from .config import (
     check_sinks,
     check_task,
 )
-from .context_parallel import apply_context_parallel, counted_loss, make_ring, shard_batch
+from .context_parallel import apply_context_parallel, shard_batch
 from .data import Batch
 from .data.tokenized import run_data_sources
 from .data_parallel import GradSync, fully_shard_model, uses_fsdp, wrap_data_parallel
@@ -155,11 +156,7 @@ class Trainer:
             # gradient hooks tensor parallelism registers on them.
             part = apply_tensor_parallel(model.to(ctx.device), tp_mesh,
                                          sequence_parallel=self.config.sequence_parallel)
-            loss = TransformerLM.loss
-            if self.config.cp > 1:  # ring attention over the cp ranks, each on its tokens of every sequence
-                ring = make_ring(ctx.group("cp"), spec.is_causal)
-                self.positions = apply_context_parallel(part, ring, spec.seq)
-                loss = loss if spec.is_causal else counted_loss(ring)
+            loss = self._context_parallel([part])
             grad_sync: GradSync
             if self._zero1():  # the distributed optimizer reduces the gradients itself (runtime/zero.py)
                 self.optimizer = ShardedOptimizer([(_trainable([part]), ctx.data_group())], train, ctx,
@@ -177,12 +174,7 @@ class Trainer:
             self.schedule = schedule if schedule is not None else schedule_for(self.config, train.steps)
             check_same_schedule(self.schedule, ctx.rank, ctx.world_size)
             layout = cut_model(model, self.schedule, self.config, ctx.pp_rank)
-            loss = TransformerLM.loss
-            if self.config.cp > 1:  # each chunk: its ring, the positions of the rank's tokens
-                ring = make_ring(ctx.group("cp"), spec.is_causal)
-                for m in layout.modules:
-                    self.positions = apply_context_parallel(m, ring, spec.seq)
-                loss = loss if spec.is_causal else counted_loss(ring)
+            loss = self._context_parallel(layout.modules)
             groups = make_groups(self.config, self.schedule, layout, ctx)
             parts = [apply_tensor_parallel(m.to(ctx.device), tp_mesh, sequence_parallel=self.config.sequence_parallel)
                      for m in layout.modules]
@@ -221,6 +213,14 @@ class Trainer:
             # PipeDream / 2BW: drain where an evaluation is due, so the weights are one state there
             self.executor.drain_at = self.evaluator.next_boundary
         self.peak_flops, self.peak_device = peak_flops_per_device(ctx.device, train.bf16)
+
+    def _context_parallel(self, modules: list[torch.nn.Module]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """With cp > 1, ring attention over the cp ranks, each on its tokens of every sequence (sets
+        :attr:`positions`). Returns the loss to train ``modules`` with."""
+        if self.config.cp == 1:
+            return TransformerLM.loss
+        self.positions, loss = apply_context_parallel(modules, self.ctx.group("cp"), self.spec)
+        return loss
 
     def _zero1(self) -> bool:
         """``--sharding zero1`` with more than one data-parallel (or context-parallel) rank: one rank

@@ -16,7 +16,7 @@ from torch import nn
 from paratrain.spec.model import ModelSpec
 
 from .base import TransformerLM
-from .layers import Block, activation, make_norm, token_embedding
+from .layers import Block, activation, make_norm, token_embedding, token_positions
 
 __all__ = ["BERT", "BertEmbedding", "MLMHead"]
 
@@ -32,8 +32,7 @@ class BertEmbedding(nn.Module):
         self.positions: torch.Tensor | None = None  # context parallelism: this rank's tokens' positions
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
-        pos = self.positions if self.positions is not None else torch.arange(tokens_BS.shape[1])
-        pos_S = pos.to(tokens_BS.device)
+        pos_S = token_positions(tokens_BS, self.positions)
         # One segment per sequence: every token has type 0 (masked LM without next-sentence).
         x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
         x_BSH = x_BSH + self.pos(pos_S) + self.segment(torch.zeros_like(pos_S))

@@ -16,7 +16,7 @@ from torch import nn
 from paratrain.spec.model import ModelSpec
 
 from .base import TransformerLM
-from .layers import Block, make_norm, token_embedding
+from .layers import Block, make_norm, token_embedding, token_positions
 
 __all__ = ["GPT", "GPTEmbedding", "LMHead"]
 
@@ -34,8 +34,7 @@ class GPTEmbedding(nn.Module):
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
         x_BSH = token_embedding(self.tok, tokens_BS, self.pad_token)
         if self.pos is not None:
-            pos = self.positions if self.positions is not None else torch.arange(tokens_BS.shape[1])
-            x_BSH = x_BSH + self.pos(pos.to(tokens_BS.device))
+            x_BSH = x_BSH + self.pos(token_positions(tokens_BS, self.positions))
         return x_BSH
 
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from paratrain.spec.model import Activation, ModelSpec, Norm
 
-__all__ = ["Attention", "MLP", "Block", "activation", "make_norm", "token_embedding", "rotary_tables",
-           "apply_rotary", "init_weights"]
+__all__ = ["Attention", "MLP", "Block", "activation", "make_norm", "token_embedding", "token_positions",
+           "rotary_tables", "apply_rotary", "init_weights"]
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -45,6 +45,13 @@ def token_embedding(tok: nn.Module, tokens_BS: torch.Tensor, pad_token: int | No
     if pad_token is None:
         return x_BSH
     return torch.where((tokens_BS == pad_token).unsqueeze(-1), x_BSH.detach(), x_BSH)
+
+
+def token_positions(tokens_BS: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """The sequence positions of ``tokens_BS``'s columns: ``positions`` when this rank holds only
+    some of the sequence's tokens (context parallelism), else 0 … S−1."""
+    pos = positions if positions is not None else torch.arange(tokens_BS.shape[1])
+    return pos.to(tokens_BS.device)
 
 
 def rotary_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
