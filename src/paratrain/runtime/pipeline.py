@@ -3,10 +3,10 @@
 The step loop (:class:`~paratrain.runtime.train.Trainer`) generates and validates the run's
 schedule once (:func:`schedule_for`), checks that every rank holds the same one
 (:func:`check_same_schedule`), cuts the model into the chunks the schedule places on this
-pipeline rank (:func:`cut_model`; a second model copy for the chunks of replica 1, Chimera's "up"
-pipeline), creates the process groups (:func:`make_groups`), applies tensor parallelism to each
-chunk (DTensor) and hands all of it to :class:`PipelineExecutor`, which runs the rank's action
-list with :class:`~paratrain.runtime.pipeline_engine.PipelineEngine` and returns the local loss.
+pipeline rank and creates the process groups (:mod:`paratrain.runtime.pipeline_layout`), applies
+tensor parallelism to each chunk (DTensor) and hands all of it to :class:`PipelineExecutor`,
+which runs the rank's action list with :class:`~paratrain.runtime.pipeline_engine.PipelineEngine`
+and returns the local loss.
 Data parallelism is the schedule's ``R`` actions. With K-FAC in the bubbles
 (``train --fill-bubbles``) each step runs its iteration of the filled schedule, whose ``X:kfac.*``
 fillers call the pieces of :mod:`paratrain.runtime.kfac` (:meth:`PipelineExecutor.use_kfac`).
@@ -43,11 +43,9 @@ its step (asynchronous schedules: 0, one timeline for the whole run).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,7 +55,6 @@ from torch.distributed.tensor import DTensor
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig
-from paratrain.schedule.compiled import hosts_of
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
@@ -75,11 +72,11 @@ from .metrics import Tracer
 from .models import TransformerLM
 from .optim import Optimizer
 from .pipeline_engine import ActionSpan, LocalChunk, PipelineEngine, accumulation_count
+from .pipeline_layout import ChunkLayout, PipelineGroups
 from .tensor_parallel import loss_context
 from .zero import ShardedOptimizer
 
-__all__ = ["ChunkLayout", "PipelineExecutor", "PipelineGroups", "check_same_schedule", "cut_model", "make_groups",
-           "schedule_for", "validate_pipeline"]
+__all__ = ["PipelineExecutor", "check_same_schedule", "schedule_for", "validate_pipeline"]
 
 K = ActionKind
 
@@ -122,99 +119,24 @@ def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.P
             "launch every rank with the same --schedule, --pp, --virtual-stages and batch flags")
 
 
-# ----- the model cut into this rank's chunks -------------------------------------------------------
-
-@dataclass
-class ChunkLayout:
-    """The chunks a pipeline rank holds and how their parameters map to the full model's."""
-
-    held: list[tuple[int, int]]  # (chunk, replica), in the schedule's order
-    modules: list[nn.Module]  # one per held chunk; tensor parallelism is applied to these in place of them
-    canonical: dict[tuple[int, int], dict[str, str]]  # (chunk, replica) -> local name -> full-model name
-    chunks_of_name: dict[str, set[int]]  # full-model name -> chunks (replica 0) holding it
-    tie_owner: dict[str, int]  # full-model name -> pipeline rank whose copy counts in the global norm
+def _local_grads(chunk: LocalChunk) -> list[torch.Tensor]:
+    """The local tensors of the chunk's gradients, in parameter order (zeros where none arrived:
+    every holder of the chunk must reduce the same layout)."""
+    out = []
+    for p in chunk.params.values():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out.append(local_tensor(p.grad))
+    return out
 
 
-def cut_model(model: TransformerLM, schedule: Schedule, config: ParallelConfig, pp_rank: int) -> ChunkLayout:
-    """The chunks of ``model`` (cut by the config's partition) that ``schedule`` places on ``pp_rank``."""
-    sizes = config.layers_per_chunk(model.spec.layers)
-    starts = [sum(sizes[:c]) for c in range(len(sizes))]
-    models = [model] + [copy.deepcopy(model) for _ in range(schedule.num_replicas - 1)]
-    names = [{id(p): n for n, p in m.named_parameters()} for m in models]
-    # which chunks (of replica 0) hold each parameter, to find those two pipeline ranks share
-    chunks_of_name: dict[str, set[int]] = {}
-    for c, start in enumerate(starts):
-        for _, p in model.chunk(start, start + sizes[c]).named_parameters(remove_duplicate=False):
-            chunks_of_name.setdefault(names[0][id(p)], set()).add(c)
-    held = list(schedule.chunks_of(pp_rank))
-    modules, canonical = [], {}
-    for c, rep in held:
-        ch = models[rep].chunk(starts[c], starts[c] + sizes[c])
-        canonical[(c, rep)] = {n: names[rep][id(p)] for n, p in ch.named_parameters(remove_duplicate=False)}
-        modules.append(ch)
-    tie_owner = {n: schedule.placement[0][min(cs)] for n, cs in chunks_of_name.items()}
-    return ChunkLayout(held, modules, canonical, chunks_of_name, tie_owner)
-
-
-@dataclass
-class PipelineGroups:
-    """This rank's process groups of a pipeline run (``None``: a group of one rank)."""
-
-    reduce: dict[int, dist.ProcessGroup | None]  # chunk -> the ranks holding a copy of it (R)
-    stage: dist.ProcessGroup | None  # the ranks of this pipeline rank's stage (asynchronous clipping)
-    tie: dict[str, dist.ProcessGroup | None]  # shared parameter -> the pipeline ranks holding it
-    # Chimera under FSDP2: chunk -> the pipeline ranks holding a copy of it at this rank's (dp, cp,
-    # tp), whose dp-reduced shards are summed (empty without replicas)
-    replica: dict[int, dist.ProcessGroup | None] = field(default_factory=dict)
-
-
-def make_groups(config: ParallelConfig, schedule: Schedule, layout: ChunkLayout, ctx: RuntimeContext) -> PipelineGroups:
-    """Create the groups of :class:`PipelineGroups` (a collective: every rank, same order)."""
-    pp_rank, dp_rank, cp_rank, tp_rank = ctx.pp_rank, ctx.dp_rank, ctx.cp_rank, ctx.tp_rank
-    replicas = [(d, c) for d in range(config.dp) for c in range(config.cp)]  # ranks holding the same parameters
-    made: dict[tuple[int, ...], dist.ProcessGroup] = {}
-
-    def group_of(ranks: list[int]) -> dist.ProcessGroup | None:
-        key = tuple(sorted(ranks))
-        if len(key) == 1:
-            return None
-        if key not in made:
-            made[key] = dist.new_group(list(key))
-        return made[key]
-
-    reduce: dict[int, dist.ProcessGroup | None] = {}
-    for c in range(schedule.num_chunks):
-        hosts = hosts_of(schedule, c)
-        for t in range(config.tp):
-            g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for h in hosts for d, c in replicas])
-            if t == tp_rank and pp_rank in hosts:
-                reduce[c] = g
-    stage = None
-    for h in range(config.pp):
-        g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for d, c in replicas for t in range(config.tp)])
-        if h == pp_rank:
-            stage = g
-    # tied parameters across pipeline ranks: one group per (name, dp, cp, tp), made on every rank
-    tie: dict[str, dist.ProcessGroup | None] = {}
-    for name, cs in sorted(layout.chunks_of_name.items()):
-        hosts = sorted({schedule.placement[0][c] for c in cs})
-        if len(hosts) < 2:
-            continue
-        for d, c in replicas:
-            for t in range(config.tp):
-                g = group_of([config.rank_of(pp=h, dp=d, cp=c, tp=t) for h in hosts])
-                if (d, c, t) == (dp_rank, cp_rank, tp_rank) and pp_rank in hosts:
-                    tie[name] = g
-    replica: dict[int, dist.ProcessGroup | None] = {}
-    if schedule.num_replicas > 1:  # one group per (chunk, dp, cp, tp), made on every rank
-        for c in range(schedule.num_chunks):
-            hosts = hosts_of(schedule, c)
-            for d, cc in replicas:
-                for t in range(config.tp):
-                    g = group_of([config.rank_of(pp=h, dp=d, cp=cc, tp=t) for h in hosts])
-                    if (d, cc, t) == (dp_rank, cp_rank, tp_rank) and pp_rank in hosts:
-                        replica[c] = g
-    return PipelineGroups(reduce, stage, tie, replica)
+def _copy_flat_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy the consecutive pieces of ``flat`` back into ``tensors`` (the inverse of concatenating them)."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset: offset + t.numel()].view_as(t))
+            offset += t.numel()
 
 
 # ----- the executor ---------------------------------------------------------------------------------
@@ -413,12 +335,7 @@ class PipelineExecutor:
         if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the chunk's reduce-scatter
             self.optimizer.reduce(self.optimizer.unit_of(list(chunk.params.values())))
             return
-        grads = []
-        for p in chunk.params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(local_tensor(p.grad).reshape(-1))
-        flat = torch.cat(grads)
+        flat = torch.cat([g.reshape(-1) for g in _local_grads(chunk)])
         start = time.perf_counter()
         work = comm.all_reduce(flat, group, async_op=True, axis="dp", purpose="grad_reduce")
         self._pending.append((chunk, flat, work, start))
@@ -454,12 +371,7 @@ class PipelineExecutor:
                 name = f"R@c{chunk.chunk}" + (f"r{chunk.replica}" if chunk.replica else "")
                 self.engine.spans.append(ActionSpan(name, "reduce", start, time.perf_counter(), None))
             flat.div_(dp)
-            offset = 0
-            with torch.no_grad():
-                for p in chunk.params.values():
-                    g = local_tensor(p.grad)
-                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            _copy_flat_into(flat, _local_grads(chunk))
         self._pending.clear()
         if isinstance(self.optimizer, ShardedOptimizer):
             start = time.perf_counter()
@@ -478,18 +390,10 @@ class PipelineExecutor:
             group = self.groups.replica.get(chunk.chunk)
             if group is None:
                 continue
-            grads = []
-            for p in chunk.params.values():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(local_tensor(p.grad))
+            grads = _local_grads(chunk)
             flat = torch.cat([g.reshape(-1) for g in grads])
             comm.all_reduce(flat, group, axis="pp", purpose="replica_grads")
-            offset = 0
-            with torch.no_grad():
-                for g in grads:
-                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            _copy_flat_into(flat, grads)
 
     def _copies(self) -> dict[str, list[tuple[int, nn.Parameter]]]:
         """Local parameters by canonical (full-model) name: (replica, parameter), de-duplicated."""

@@ -69,7 +69,8 @@ from .mesh import RuntimeContext, check_model_layout, init_runtime
 from .metrics import MetricsWriter, Tracer, max_memory_bytes, peak_flops_per_device, step_mfu
 from .models import TransformerLM, build_model
 from .optim import global_grad_norm, lr_at
-from .pipeline import PipelineExecutor, check_same_schedule, cut_model, make_groups, schedule_for, validate_pipeline
+from .pipeline import PipelineExecutor, check_same_schedule, schedule_for, validate_pipeline
+from .pipeline_layout import cut_model, make_groups
 from .progress import StepConsole
 from .sinks import open_sinks
 from .tensor_parallel import apply_tensor_parallel
