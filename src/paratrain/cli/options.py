@@ -195,6 +195,16 @@ GemmDtypeOpt = Annotated[
         rich_help_panel=_P,
     ),
 ]
+TpOverlapOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tp-overlap",
+        help="Tensor-parallel collectives overlapped with their GEMMs: none (default), async (torch's async "
+        "TP, torchtitan: the forward's) or userbuffers (Transformer Engine, Megatron-Core's tp_comm_overlap: "
+        "forward and backward); needs --sequence-parallel. Priced here; paratrain train does not run it.",
+        rich_help_panel=_P,
+    ),
+]
 
 # The flag that sets each field the library names in a ConfigError.
 FIELD_FLAGS: dict[str, str] = {
@@ -216,6 +226,7 @@ FIELD_FLAGS: dict[str, str] = {
     "partition": "--partition",
     "attention": "--attention",
     "gemm_dtype": "--gemm-dtype",
+    "tp_overlap": "--tp-overlap",
     "cluster.gpus": "--gpus",
     "cluster.nodes": "--nodes",
     "sweep": "--sweep",
@@ -344,6 +355,7 @@ def parallel_from_opts(
     cp: int | None = None,
     sharding: str | None = None,
     gemm_dtype: str | None = None,
+    tp_overlap: str | None = None,
 ) -> ParallelConfig:
     """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
     if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
@@ -367,6 +379,7 @@ def parallel_from_opts(
         cp=cp,
         sharding=sharding,
         gemm_dtype=gemm_dtype,
+        tp_overlap=tp_overlap,
     )
     if sharding is not None and optimizer_sharding is not None and (
             sharding_level(sharding, "--sharding") != "none") != optimizer_sharding:

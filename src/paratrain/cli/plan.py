@@ -45,6 +45,7 @@ from paratrain.cli.options import (
     SequenceParallelOpt,
     ShardingOpt,
     TpOpt,
+    TpOverlapOpt,
     VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
@@ -231,6 +232,7 @@ def plan_command(
     density: DensityOpt = None,
     attention: AttentionOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     mesh_order: MeshOrderOpt = None,
     partition: PartitionOpt = None,
     schedules: Annotated[
@@ -325,6 +327,7 @@ def plan_command(
         tp_across_nodes=tp_across_nodes,
         attention=attention,
         gemm_dtype=gemm_dtype,
+        tp_overlap=tp_overlap or "none",
         compressions=_compressions(compress, density),
         compression_density=density if density is not None else 0.01,
     )

@@ -45,6 +45,7 @@ from paratrain.cli.options import (
     SequenceParallelOpt,
     ShardingOpt,
     TpOpt,
+    TpOverlapOpt,
     VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
@@ -128,6 +129,7 @@ def simulate(
     density: DensityOpt = None,
     attention: AttentionOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
@@ -205,6 +207,7 @@ def simulate(
         compression_density=density,
         attention=attention,
         gemm_dtype=gemm_dtype,
+        tp_overlap=tp_overlap,
     )
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paratrain.cost.async_tp import layer_exposed_s
 from paratrain.cost.compute import (
     _embedding_ops,
     _head_ops,
@@ -36,7 +37,7 @@ from paratrain.cost.sharding import (
     reshards_after_forward,
     static_shares,
 )
-from paratrain.cost.tensor_parallel import tp_part_cpu, tp_part_times, tp_parts
+from paratrain.cost.tensor_parallel import collective_s, tp_part_cpu, tp_part_times, tp_parts
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig, Recompute
@@ -286,15 +287,37 @@ def _ring_comm(
     return (fwd, bwd), 2 * 2 * kv
 
 
+def _overlapped_tp_comm(
+    model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], mb: int, dtype: str, fused: bool,
+    attention: str, gemm_dtype: str | None, comm: tuple[float, ...], overlap: str,
+) -> tuple[float, float, float, float, float, float]:
+    """``comm`` with the layer's forward (and with ``overlap`` "userbuffers" its backward) replaced
+    by what the fused collectives leave exposed (:mod:`paratrain.cost.async_tp`); the embedding's
+    and the head's collectives stay as they are."""
+    if cluster.tensor_parallel != "megatron":
+        raise ConfigError("tp_overlap", f"the cluster's tensor-parallel runtime ({cluster.tensor_parallel}, as "
+                          "paratrain train runs it on this host) issues its collectives unfused",
+                          "use --tp-overlap none here, or plan for a GPU cluster preset (dgx-a100, dgx-h100)")
+    act = mb * model.seq * model.hidden * dtype_bytes(dtype)
+    ops = _layer_ops(model, tp=len(ranks), sequence_parallel=True, microbatch=mb, fused=fused, dtype=dtype,
+                     attention=attention, gemm_dtype=gemm_dtype)
+    fwd, bwd = layer_exposed_s(ops, cluster.device, dtype, len(ranks), collective_s(cluster, ranks, "all_gather", act),
+                               collective_s(cluster, ranks, "reduce_scatter", act))
+    _, plain_bwd, ef, eb, hf, hb = comm
+    return fwd, bwd if overlap == "userbuffers" else plain_bwd, ef, eb, hf, hb
+
+
 @lru_cache(maxsize=16384)
 def _bundle(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
     ranks: tuple[int, ...], attention: str = "math", cp: int = 1, cp_group: tuple[int, ...] = (),
-    gemm_dtype: str | None = None,
+    gemm_dtype: str | None = None, tp_overlap: str = "none",
 ) -> _Bundle:
     device = cluster.device
     layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention, cp, gemm_dtype)
     comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
+    if tp_overlap != "none" and tp > 1:
+        comm = _overlapped_tp_comm(model, cluster, ranks, mb, dtype, fused, attention, gemm_dtype, comm, tp_overlap)
     cp_comm, cp_buffer = _ring_comm(model, cluster, layer, dtype, tp, mb, cp, cp_group)
     if rc is Recompute.FULL:
         rec, rec_comm = layer.forward_s + comm[0] + cp_comm[0], comm[0]  # the ring runs again too
@@ -381,7 +404,7 @@ def chunk_costs(
     # Each context-parallel rank holds s/cp tokens of every sequence (cost.context_parallel).
     bd = _bundle(local_model(model, config.cp), cluster, config.dtype, config.tp, config.sequence_parallel,
                  config.microbatch, config.recompute, fused, ranks, attention, config.cp, cp_group,
-                 gemm_dtype=config.gemm_dtype)
+                 gemm_dtype=config.gemm_dtype, tp_overlap=config.tp_overlap)
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
     cp_f, cp_b = bd.cp_comm
     cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0

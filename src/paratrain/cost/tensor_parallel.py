@@ -50,8 +50,8 @@ from paratrain.cost.compute import dtype_bytes
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import Activation, ModelSpec
 
-__all__ = ["TPCollective", "TPPart", "collective_cpu", "group_rate", "tp_parts", "tp_part_cpu", "tp_part_times",
-           "measured_time"]
+__all__ = ["TPCollective", "TPPart", "collective_cpu", "collective_s", "group_rate", "tp_parts", "tp_part_cpu",
+           "tp_part_times", "measured_time"]
 
 LOSS_VALUES_PER_TOKEN = 3  # loss_parallel: row maximum, sum of exponentials, target logit (fp32)
 
@@ -182,6 +182,12 @@ def _collective_s(cluster: ClusterSpec, ranks: tuple[int, ...], c: TPCollective)
     work = min(collective_cpu(cluster, c.kind, g, c.nbytes), t * group_rate(cluster, g))
     # measured as work / rate + wait: at full speed work + wait
     return c.count * (t - work / group_rate(cluster, g) + work), c.count * work
+
+
+def collective_s(cluster: ClusterSpec, ranks: tuple[int, ...], kind: str, nbytes: int) -> float:
+    """Time of one ``kind`` collective of ``nbytes`` per rank over ``ranks`` at full speed, as
+    :func:`tp_part_times` times each (measured where the cluster was calibrated, else alpha-beta)."""
+    return _collective_s(cluster, ranks, TPCollective(kind, nbytes, 1))[0]
 
 
 def tp_part_times(

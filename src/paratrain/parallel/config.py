@@ -30,6 +30,7 @@ __all__ = [
     "ParallelConfig",
     "Recompute",
     "SHARDINGS",
+    "TP_OVERLAPS",
     "ScheduleName",
     "mesh_order_of",
     "sharding_level",
@@ -121,6 +122,9 @@ def sharding_level(value: Any, field: str = "sharding") -> str:
                       f"use one of: {', '.join(SHARDINGS)} (or fsdp = zero3)")
 
 
+# How the tensor-parallel collectives meet their GEMMs (ParallelConfig.tp_overlap; cost.async_tp).
+TP_OVERLAPS = ("none", "async", "userbuffers")
+
 def _check_compression(config: ParallelConfig) -> None:
     if config.compression not in COMPRESSIONS:
         raise ConfigError("compression", f"unknown compressor {config.compression!r}",
@@ -175,6 +179,11 @@ class ParallelConfig:
     cp: int = 1
     # Sharded data parallelism, a level of SHARDINGS (see there).
     sharding: str = "none"
+    # Tensor-parallel collectives overlapped with their GEMMs (cost.async_tp), a value of
+    # TP_OVERLAPS: "async" = torch's async TP (torchtitan; the forward's), "userbuffers" =
+    # Transformer Engine's (Megatron-Core's tp_comm_overlap; forward and backward). Priced by plan
+    # and simulate; paratrain train does not run it.
+    tp_overlap: str = "none"
 
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "cp", "microbatch", "virtual_stages"):
@@ -252,6 +261,16 @@ class ParallelConfig:
                 raise ConfigError(
                     "partition", f"{list(part)} has an empty stage", "give every chunk at least one layer"
                 )
+        if self.tp_overlap not in TP_OVERLAPS:
+            raise ConfigError("tp_overlap", f"unknown tensor-parallel overlap {self.tp_overlap!r}",
+                              f"use one of: {', '.join(TP_OVERLAPS)}")
+        if self.tp_overlap != "none" and self.tp == 1:
+            raise ConfigError("tp_overlap", "overlapping the tensor-parallel collectives needs them, and tp is 1",
+                              "use tp > 1 with sequence parallelism, or --tp-overlap none")
+        if self.tp_overlap != "none" and not self.sequence_parallel:
+            raise ConfigError("tp_overlap", f"{self.tp_overlap} overlap splits sequence parallelism's all-gathers and "
+                              "reduce-scatters, and sequence parallelism is off",
+                              "turn on sequence parallelism (--sequence-parallel)")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)  # nothing to split with tp = 1
 

@@ -124,6 +124,7 @@ class PublicRun:
     gemm_dtype: str | None = None  # None (the bf16 rows) | fp8 (current scaling) | fp8-delayed
     virtual_stages: int = 1  # > 1: Megatron's interleaved schedule
     cp: int = 1  # context parallelism (ring attention; cost.context_parallel)
+    tp_overlap: str = "none"  # TP collectives overlapped with their GEMMs (cost.async_tp; _tp_overlap)
 
     @property
     def time_s(self) -> float:
@@ -202,6 +203,22 @@ def _device(gpu_type: str) -> str | None:
     return None
 
 
+def _tp_overlap(source: str, family: str, opts: str, tp: int) -> str:
+    """Whether the run overlapped its tensor-parallel collectives with their GEMMs (async TP,
+    :mod:`paratrain.cost.async_tp`): torchtitan's async-TP rows say so ("async TP", "AsyncTP";
+    "vanilla TP" rows do not); Megatron-Bridge's Llama recipes set ``CommOverlapConfig(tp_comm_overlap=True)``
+    (``src/megatron/bridge/recipes/llama/llama3_70b.py`` and ``llama31_405b.py``); NeMo's GPT-3 175B
+    launcher config sets ``ub_tp_comm_overlap: True`` (NeMo-Framework-Launcher
+    ``launcher_scripts/conf/training/gpt3/175b.yaml``; its Llama 2 70B config leaves it off, and the
+    NeMo rows' Llama configs are not pinned, so they keep the default, off)."""
+    if tp < 2:
+        return "none"
+    if "asynctp" in opts.lower().replace(" ", "").replace("-", ""):
+        return "async"
+    nvidia = source == "megatron-bridge-25.11" or (source == "nemo-24.07" and family == "gpt3")
+    return "userbuffers" if nvidia else "none"
+
+
 def _fp8_scaling(opts: str) -> str:
     """torchao's Float8 (torchtitan; tensorwise dynamic scaling by default) and Megatron-Bridge's
     "FP8 current scaling" compute each scale from the tensor being cast (``fp8``); Transformer
@@ -278,7 +295,7 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
             hidden=_int(row, "hidden", where), heads=heads, kv_heads=kv, ffn=_int(row, "ffn_hidden", where),
             seq=_int(row, "seq", where), tp=tp, pp=pp, dp=dp, cp=cp,
             vocab=_int(row, "vocab", where) if row["vocab"].strip() or family != "gpt3" else _padded_gpt2_vocab(tp),
-            gemm_dtype=gemm_dtype, virtual_stages=vs,
+            gemm_dtype=gemm_dtype, virtual_stages=vs, tp_overlap=_tp_overlap(src, family, row["other_opts"], tp),
             microbatch=_int(row, "microbatch", where), global_batch=_int(row, "global_batch", where),
             recompute=_recompute(row["activation_recompute"]), attention=attention, sharding=sharding,
             reduce_bytes=2 if pure else _FSDP_REDUCE_BYTES, sequence_parallel=tp > 1, fused=_fused(row["other_opts"]),
@@ -320,6 +337,7 @@ def run_config(run: PublicRun) -> ParallelConfig:
         recompute=rc,
         sequence_parallel=run.sequence_parallel, dtype="bf16", attention=run.attention, gemm_dtype=run.gemm_dtype,
         schedule="interleaved" if run.virtual_stages > 1 else "1f1b", virtual_stages=run.virtual_stages,
+        tp_overlap=run.tp_overlap,
     )
 
 

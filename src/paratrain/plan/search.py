@@ -148,6 +148,7 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
         config.dtype,
         config.attention,
         config.gemm_dtype,
+        config.tp_overlap,
         None if tp_inner else config.mesh_order,
         config.schedule is ScheduleName.ZB_H1,
     )

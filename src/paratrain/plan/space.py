@@ -17,6 +17,7 @@ from paratrain.errors import ConfigError, require_positive_int
 from paratrain.parallel.config import (
     MAX_MICROBATCHES,
     SHARDINGS,
+    TP_OVERLAPS,
     ParallelConfig,
     Recompute,
     ScheduleName,
@@ -106,11 +107,19 @@ class Pins:
     tp_across_nodes: bool = False  # allow tensor-parallel groups that leave the node
     attention: str | None = None  # flash or math; None: what the device runs
     gemm_dtype: str | None = None  # fp8 / fp8-delayed: FP8 linear layers (ParallelConfig.gemm_dtype)
+    # ParallelConfig.tp_overlap: every candidate with tp > 1 runs it, with sequence parallelism
+    tp_overlap: str = "none"
     # gradient reductions weighed against each other where dp > 1 (ParallelConfig.compression)
     compressions: tuple[str, ...] = ("none",)
     compression_density: float = 0.01
 
     def __post_init__(self) -> None:
+        if self.tp_overlap not in TP_OVERLAPS:
+            raise ConfigError("tp_overlap", f"unknown tensor-parallel overlap {self.tp_overlap!r}",
+                              f"use one of: {', '.join(TP_OVERLAPS)}")
+        if self.tp_overlap != "none" and self.sequence_parallel is False:
+            raise ConfigError("tp_overlap", f"{self.tp_overlap} overlap splits sequence parallelism's collectives, "
+                              "and sequence parallelism is pinned off", "drop --no-sequence-parallel or --tp-overlap")
         if self.sharding is not None:
             object.__setattr__(self, "sharding", sharding_level(self.sharding))
         elif self.optimizer_sharding is not None:
@@ -280,6 +289,8 @@ def variants(
     recomputes = [pins.recompute] if pins.recompute is not None else [
         r for r in Recompute if not (flash and r is Recompute.SELECTIVE)]
     sps = _bools(pins.sequence_parallel, layout.tp > 1 and (model.seq // layout.cp) % layout.tp == 0)
+    if pins.tp_overlap != "none" and layout.tp > 1:
+        sps = [sp for sp in sps if sp]  # the overlap splits sequence parallelism's collectives
     # sharding spans the dp-cp group (parameters are replicated over cp)
     zeros = [pins.sharding] if pins.sharding is not None else list(SHARDINGS) if layout.dp * layout.cp > 1 else ["none"]
     for order in _mesh_orders(layout, pins):
@@ -303,6 +314,7 @@ def variants(
                             dtype=model.dtype,
                             attention=pins.attention,
                             gemm_dtype=pins.gemm_dtype,
+                            tp_overlap=pins.tp_overlap if layout.tp > 1 else "none",
                             compression=comp,
                             compression_density=pins.compression_density,
                         )

@@ -341,11 +341,21 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
     try:
         check_model_layout(model, config)
         check_context_parallel(config, train)
+        check_tp_overlap(config)
         check_sharding(config, train)
         check_compression(config, train)
     except ConfigError as e:
         return str(e)
     return None
+
+
+def check_tp_overlap(config: ParallelConfig) -> None:
+    """The runtime issues DTensor's collectives unfused: overlapping them with their GEMMs (torch's
+    async TP needs torch.compile's micro-pipeline pass and CUDA symmetric memory; Transformer
+    Engine's userbuffers need NVLink) is what the cost model prices, not what ``train`` runs."""
+    if config.tp_overlap != "none":
+        raise ConfigError("--tp-overlap", f"paratrain train does not run {config.tp_overlap} tensor-parallel overlap "
+                          "(its DTensor collectives run unfused)", "use --tp-overlap none (plan and simulate price it)")
 
 
 def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:

@@ -57,6 +57,7 @@ from .config import (
     check_sharding,
     check_sinks,
     check_task,
+    check_tp_overlap,
 )
 from .context_parallel import apply_context_parallel, shard_batch
 from .data import Batch
@@ -89,6 +90,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     validated pipeline schedule (``None`` without a pipeline)."""
     check_model_layout(spec, config)
     check_context_parallel(config, train)
+    check_tp_overlap(config)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
