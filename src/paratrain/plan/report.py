@@ -166,6 +166,9 @@ def winner_breakdown(
         ("schedule", sched),
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
+        *([("tensor-parallel overlap", {"async": "async (torch's async TP: the forward's collectives)",
+                                        "userbuffers": "userbuffers (forward and backward)"}[cfg.tp_overlap])]
+          if cfg.tp_overlap != "none" else []),
         ("sharded data parallel", {"none": "off", "zero1": "zero1 (optimizer state)",
                                    "zero2": "zero2 (optimizer state, gradients)",
                                    "zero3": "zero3 (optimizer state, gradients, parameters)"}[cfg.sharding]),
