@@ -76,25 +76,25 @@ FITTED_A100 = Calibration(
 # the nominal figures (NVLink SHARP in-switch reductions are not modelled, nor Transformer Engine's
 # fused FP8 casts); read the H100 figures with that in mind.
 FITTED_H100 = Calibration(
-    gemm_efficiency=0.6937,
+    gemm_efficiency=0.6861,
     memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
     intra_bandwidth_Bps=6.75e11,
     intra_latency_s=3e-06,
     link_efficiency=1.5000,
     host_issue_s=1e-05,
-    attention_efficiency=0.4283,
+    attention_efficiency=0.4321,
 )
 # torchtitan's H100 96 GB HBM2e parts at 500 W (device preset h100-96gb-hbm2e).
 FITTED_H100_HBM2E = Calibration(
-    gemm_efficiency=0.5672,
+    gemm_efficiency=0.5880,
     memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=3.85143e11,
+    intra_bandwidth_Bps=3.11912e11,
     intra_latency_s=3e-06,
-    link_efficiency=0.8559,
+    link_efficiency=0.6931,
     host_issue_s=1e-05,
-    attention_efficiency=0.4005,
+    attention_efficiency=0.3880,
 )
 
 # What ``--calibration fitted`` applies, by device preset.
