@@ -3,7 +3,8 @@
 zero1 paratrain's distributed optimizer (runtime/zero.py). One 1-process launch for the reference
 and ONE 4-process launch for every layout (tests/runtime/layout_harness.py). Every layout runs several
 micro-batches per replica, so each backward's reduce-scatter (the runtime keeps gradient sync on
-between micro-batches) is summed into the sharded gradient."""
+between micro-batches) is summed into the sharded gradient; under ZB-H1 the unsharded gradients are
+held over the micro-batches and reduce-scattered once, at the chunk's R."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                    "virtual_stages": 2}, {"dp_impl": "fsdp"}),
     # Chimera: each pipeline's copy of a chunk sharded over its dp ranks, the copies' shards summed
     "zero3-dp2-pp2-chimera": ({"dp": 2, "pp": 2, "sharding": "zero3", "schedule": "chimera"}, {"dp_impl": "fsdp"}),
+    # ZB-H1's split backward: unsharded gradients held over the micro-batches, one reduce-scatter at R
+    "zero3-dp2-pp2-zb": ({"dp": 2, "pp": 2, "sharding": "zero3", "schedule": "zb-h1"}, {"dp_impl": "fsdp"}),
+    "zero2-dp2-pp2-zb": ({"dp": 2, "pp": 2, "sharding": "zero2", "schedule": "zb-h1"}, {"dp_impl": "fsdp"}),
     # zero1: paratrain's distributed optimizer, whole model and per pipeline chunk
     "zero1-dp4": ({"dp": 4, "sharding": "zero1"}, {}),
     "zero1-dp2-tp2": ({"dp": 2, "tp": 2, "sharding": "zero1"}, {}),

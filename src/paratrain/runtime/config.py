@@ -378,11 +378,11 @@ def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
     elif config.sharding != "none" and train.dp_impl != "fsdp":
         raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
                           "use --dp-impl fsdp")
-    if train.dp_impl == "fsdp" and config.pp > 1 and (config.schedule.is_async or config.schedule.value == "zb-h1"):
-        # FSDP2's hooks need autograd to run each backward whole, on the module's own parameters
+    if train.dp_impl == "fsdp" and config.pp > 1 and config.schedule.is_async:
+        # FSDP2's parameters are the shards it gathers, not the weight versions these schedules stash
         raise ConfigError("--schedule", f"{config.schedule} does not run under FSDP2 (--dp-impl fsdp): its "
-                          "weight versions or split backward bypass FSDP's hooks",
-                          "use gpipe, 1f1b, interleaved or chimera with --dp-impl fsdp")
+                          "weight versions bypass FSDP's gathered parameters",
+                          "use gpipe, 1f1b, interleaved, zb-h1 or chimera with --dp-impl fsdp")
 
 
 def check_checkpointing(config: ParallelConfig, train: TrainConfig) -> None:

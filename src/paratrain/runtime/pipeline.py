@@ -164,6 +164,12 @@ class PipelineExecutor:
                        params={n: p for n, p in module.named_parameters() if p.requires_grad})
             for (c, rep), module in zip(layout.held, modules, strict=True)]
         self.chunks_sharded = any(ch.fully_sharded for ch in self.chunks)  # --dp-impl fsdp (zero2/zero3)
+        # FSDP2 under a split backward (ZB-H1): gradients held unsharded until the chunk's R
+        self.held_gradients = self.chunks_sharded and any(
+            a.kind is K.BACKWARD_INPUT for row in schedule.actions for a in row)
+        if self.held_gradients:
+            for ch in self.chunks:
+                ch.hold_gradients(True)
         # activations travel in the residual stream's dtype: the parameters' (autocast leaves it)
         dtype = next(p.dtype for ch in self.chunks for p in ch.params.values() if p.is_floating_point())
         cfg = self.config
@@ -331,6 +337,8 @@ class PipelineExecutor:
             self._compressed_reduce(chunk, group)
             return
         if self.chunks_sharded:  # FSDP2 reduce-scattered each micro-batch's gradients in its backward
+            if self.held_gradients:  # ... or, under ZB-H1, holds them for this one reduce-scatter
+                chunk.release_gradients()
             return
         if isinstance(self.optimizer, ShardedOptimizer):  # zero1: the chunk's reduce-scatter
             self.optimizer.reduce(self.optimizer.unit_of(list(chunk.params.values())))

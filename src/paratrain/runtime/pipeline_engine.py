@@ -81,6 +81,35 @@ class LocalChunk:
             self.params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         self.fully_sharded = isinstance(self.module, FSDPModule)
 
+    def gathered_params(self) -> list[nn.Parameter]:
+        """FSDP2's unsharded parameters of the chunk: the leaves its autograd graph accumulates into
+        (the split backward's weight part targets them; ``params`` hold the shards)."""
+        from torch.distributed.fsdp import fully_shard
+
+        return [fp._unsharded_param for state in fully_shard.state(self.module)._state_ctx.all_states
+                for group in state._fsdp_param_groups for fp in group.fsdp_params]
+
+    def hold_gradients(self, hold: bool) -> None:
+        """FSDP2 under a split backward (ZB-H1), as torch.distributed.pipelining runs it: while
+        ``hold``, backwards accumulate unsharded gradients and keep the parameters gathered (the
+        input-gradient pass would otherwise reduce-scatter and free them before the weight pass);
+        :meth:`release_gradients` reduce-scatters once per step."""
+        self.module.set_requires_gradient_sync(not hold)
+        self.module.set_reshard_after_backward(not hold)
+        self.module.set_is_last_backward(not hold)
+
+    def release_gradients(self) -> None:
+        """Reduce-scatter the held unsharded gradients into the shards and reshard, then hold again."""
+        from torch.distributed.fsdp import fully_shard
+
+        self.hold_gradients(False)
+        state = fully_shard.state(self.module)
+        for s in state._state_ctx.all_states:
+            for group in s._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+        self.hold_gradients(True)
+
 
 class StepHooks(Protocol):
     """What ``R`` and ``U`` do: data-parallel/replica reduction and the optimizer step."""
@@ -263,6 +292,8 @@ class PipelineEngine:
         self._saved[key] = (out, x_in, a.version)
 
     def _weights(self, ch: LocalChunk, version: int | None) -> list[torch.Tensor]:
+        if ch.fully_sharded:
+            return list(ch.gathered_params())
         if version is None:
             return list(ch.params.values())
         return list(self._stash[(ch.chunk, ch.replica, version)].values())
@@ -279,6 +310,8 @@ class PipelineEngine:
         if inputs_only:
             # torch.distributed.pipelining's split backward: the input gradient now, the gradients
             # flowing into the weights' consumers kept for W, so W does only the weight part.
+            if ch.fully_sharded:
+                ch.module.unshard()  # zero3 freed them after the forward; held gathered until R
             with ctx:
                 dinputs, groups = stage_backward_input([out], None if grad_out is None else [grad_out], [x_in],
                                                        iter(weights))
