@@ -372,9 +372,6 @@ def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
             if used and config.dp > 1:
                 raise ConfigError(flag, f"{what} is not wired into --sharding zero1 (the sharded optimizer state)",
                                   "use --sharding none, or zero2/zero3 with --dp-impl fsdp")
-        if config.pp > 1 and config.dp > 1 and config.schedule.is_async:
-            raise ConfigError("--sharding", f"zero1 does not run the {config.schedule} schedule (its stages "
-                              "step apart, on weight versions)", "use gpipe, 1f1b, interleaved, zb-h1 or chimera")
     elif config.sharding != "none" and train.dp_impl != "fsdp":
         raise ConfigError("--dp-impl", f"{train.dp_impl} does not shard (--sharding {config.sharding})",
                           "use --dp-impl fsdp")
