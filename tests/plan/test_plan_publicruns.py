@@ -118,3 +118,28 @@ def test_validate_public_runs_reports_per_source(run_cli) -> None:
 def test_validate_sources_bad_flags_are_one_line(run_cli, args: list[str], flag: str) -> None:
     code, _, err = run_cli("validate", *args)
     assert_one_line_error(code, err, flag)
+
+
+def test_a_tied_part_shares_its_parents_kernel_efficiencies_up_to_a_clock_factor() -> None:
+    """torchtitan's 500 W HBM2e H100 is fitted as the SXM part's GEMM and attention efficiencies
+    times one clock factor: synthetic times made with a known factor give it back, and the fitted
+    GEMM/attention ratio is the parent's."""
+    from paratrain.plan.calibrated import FITTED_H100
+    from paratrain.plan.crossval import TIED, fit_devices
+
+    assert TIED == {"h100-hbm2e": "h100"}
+    hbm = [s for s in public_samples(TABLE.runs) if s.device == "h100-hbm2e" and s.run.pp == 1][:6]
+    start = start_calibration(CLUSTERS["h100-hbm2e"])
+    truth = dataclasses.replace(start, gemm_efficiency=FITTED_H100.gemm_efficiency * 0.9,
+                                attention_efficiency=FITTED_H100.attention_efficiency * 0.9, memory_efficiency=0.8)
+    times = predict_samples(hbm, {"h100-hbm2e": truth}, CLUSTERS)
+    synthetic = [dataclasses.replace(s, measured_s=t) for s, t in zip(hbm, times, strict=True)]
+    cal, report = fit_device(synthetic, start, CLUSTERS, max_evaluations=30, parent=FITTED_H100)
+    assert report["clock"] == pytest.approx(0.9, rel=0.02)
+    assert cal.gemm_efficiency / cal.attention_efficiency == pytest.approx(
+        FITTED_H100.gemm_efficiency / FITTED_H100.attention_efficiency, rel=1e-12)
+    assert predict_samples(synthetic, {"h100-hbm2e": cal}, CLUSTERS) == pytest.approx(times, rel=0.01)
+    # fit_devices fits the parent first when asked for the tied part alone (no SXM rows here: presets)
+    fits = fit_devices(synthetic, {"h100": FITTED_H100, "h100-hbm2e": start}, CLUSTERS, ["h100-hbm2e"],
+                       max_evaluations=30)
+    assert set(fits) == {"h100-hbm2e"} and fits["h100-hbm2e"][1]["clock"] == pytest.approx(0.9, rel=0.02)

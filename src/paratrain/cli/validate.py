@@ -409,7 +409,7 @@ def _validate_sources(
     lut: Path | None, json_out: bool,
 ) -> None:
     """Several sources at once: per-source errors, the per-device fit, leave-one-source-out."""
-    from paratrain.plan.crossval import cross_validate, fit_device, predict_samples, start_calibration
+    from paratrain.plan.crossval import TIED, cross_validate, fit_devices, predict_samples, start_calibration
     from paratrain.plan.publicruns import public_clusters
     from paratrain.plan.validate import summary
 
@@ -434,18 +434,21 @@ def _validate_sources(
     if fit_params:
         doc: dict[str, Any] = {}
         with progress_bar("fitting", json_out) as tick:
-            for i, dev in enumerate(sorted(clusters)):
-                tick(i, len(clusters), dev)
-                cal, report = fit_device([s for s in samples if s.device == dev], starts[dev], clusters,
-                                         max_evaluations=evaluations)
-                doc[dev] = {"calibration": cal.to_dict(), "fit": report}
+            fits = fit_devices(samples, starts, clusters, sorted(clusters), max_evaluations=evaluations,
+                               progress=tick)
+        for dev, (cal, report) in fits.items():
+            doc[dev] = {"calibration": cal.to_dict(), "fit": report}
         if json_out:
             print_json(doc)
             return
         con = Console()
         for dev, d in doc.items():
+            if d["fit"] is None:
+                con.print(f"{dev}: no runs measure it (the presets)")
+                continue
+            tie = f"; GEMM and attention = {TIED[dev]}'s x clock {d['fit']['clock']:.4f}" if dev in TIED else ""
             con.print(f"{dev}: fitted on {d['fit']['rows']} runs of {', '.join(d['fit']['sources'])} "
-                      f"({d['fit']['evaluations']} evaluations)", soft_wrap=True)
+                      f"({d['fit']['evaluations']} evaluations{tie})", soft_wrap=True)
             for k, v in d["calibration"].items():
                 con.print(f"  {k:<22} {v:.6g}" if v is not None else f"  {k:<22} - (the device's)")
         return

@@ -13,7 +13,15 @@ numbers, fitted by least squares (soft-L1) on the log of predicted / measured st
 - ``host_issue_s``: host time to issue one kernel (eager frameworks).
 
 Each source weighs the same in the fit (residuals scaled by ``1/sqrt(rows of the source)``), so
-vTrain's 1,549 rows do not drown a published table of five. Leave-one-source-out: for every source,
+vTrain's 1,549 rows do not drown a published table of five.
+
+**Parts of one die.** torchtitan's H100 96 GB HBM2e at 500 W (``h100-hbm2e``) is the H100 SXM's die
+and kernels under a power cap: its GEMM and attention efficiencies are the SXM part's times one
+fitted clock factor (:data:`TIED`; the cap lowers the sustained clock of both alike), beside its own
+memory efficiency, link scale and host time. Three sources measure the HBM2e part, all but one at
+tp 8 and 8,192 tokens; five free numbers on the rows of two of them (a held-out fold) had the
+attention efficiency set by nothing (2026-11-25: held out, torchtitan's 2024-12 page came out 13–57 %
+slow with a free fit, 4–17 % with the tie). Leave-one-source-out: for every source,
 fit on all the other sources (the devices the source uses) and predict the source; a calibration
 that predicts only its own data is no fit.
 """
@@ -32,13 +40,18 @@ from paratrain.plan.validate import Calibration, MeasuredRun, megatron_predictor
 from paratrain.spec.cluster import ClusterSpec
 
 __all__ = [
-    "Sample", "FIT_NAMES", "DEVICES", "start_calibration", "predict_samples", "fit_device", "cross_validate",
+    "Sample", "FIT_NAMES", "DEVICES", "TIED", "start_calibration", "predict_samples", "fit_device", "fit_devices",
+    "cross_validate",
     "vtrain_samples", "public_samples",
 ]
 
 DEVICES = ("a100", "h100", "h100-hbm2e")  # the keys of publicruns.DEVICE_CLUSTERS: one calibration each
 FIT_NAMES = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "link_scale", "host_issue_s")
+# device -> the device whose kernel efficiencies it shares up to a clock factor (module docstring)
+TIED = {"h100-hbm2e": "h100"}
+TIED_NAMES = ("clock", "memory_efficiency", "link_scale", "host_issue_s")
 _BOUNDS = {
+    "clock": (0.5, 1.2),
     "gemm_efficiency": (0.3, 1.0),
     "attention_efficiency": (0.1, 1.0),
     "memory_efficiency": (0.2, 1.0),
@@ -104,8 +117,13 @@ def predict_samples(
     return out
 
 
-def _calibration(start: Calibration, x: Sequence[float]) -> Calibration:
-    v = {n: float(xi) * _SCALE.get(n, 1.0) for n, xi in zip(FIT_NAMES, x, strict=True)}
+def _calibration(start: Calibration, x: Sequence[float], parent: Calibration | None = None) -> Calibration:
+    names = FIT_NAMES if parent is None else TIED_NAMES
+    v = {n: float(xi) * _SCALE.get(n, 1.0) for n, xi in zip(names, x, strict=True)}
+    if parent is not None:
+        clock = v.pop("clock")
+        v["gemm_efficiency"] = parent.gemm_efficiency * clock
+        v["attention_efficiency"] = (parent.attention_efficiency or start.attention_efficiency or 0.5) * clock
     link = v.pop("link_scale")
     return dataclasses.replace(
         start, **v, intra_bandwidth_Bps=start.intra_bandwidth_Bps * link, link_efficiency=start.link_efficiency * link
@@ -114,8 +132,11 @@ def _calibration(start: Calibration, x: Sequence[float]) -> Calibration:
 
 def fit_device(
     samples: Sequence[Sample], start: Calibration, clusters: dict[str, ClusterSpec], *, max_evaluations: int = 200,
+    parent: Calibration | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
-    """Least-squares fit of one device's calibration to ``samples`` (all on that device)."""
+    """Least-squares fit of one device's calibration to ``samples`` (all on that device). With
+    ``parent`` (the fitted calibration of the device it is :data:`TIED` to), its GEMM and attention
+    efficiencies are the parent's times one fitted clock factor."""
     from scipy.optimize import least_squares
 
     if not samples:
@@ -131,22 +152,55 @@ def fit_device(
     megatron = megatron_predictor("analytic")
 
     def residuals(x: Sequence[float]) -> list[float]:
-        cal = _calibration(start, x)
+        cal = _calibration(start, x, parent)
         return [w * math.log(_predict_one(s, cal, clusters, megatron) / s.measured_s)
                 for s, w in zip(samples, weights, strict=True)]
 
     start_x = {"gemm_efficiency": start.gemm_efficiency, "attention_efficiency": start.attention_efficiency or 0.5,
                "memory_efficiency": start.memory_efficiency, "link_scale": 1.0,
-               "host_issue_s": max(start.host_issue_s, 10e-6)}
-    x0 = [min(max(start_x[n], _BOUNDS[n][0]), _BOUNDS[n][1]) / _SCALE.get(n, 1.0) for n in FIT_NAMES]
-    lo = [_BOUNDS[n][0] / _SCALE.get(n, 1.0) for n in FIT_NAMES]
-    hi = [_BOUNDS[n][1] / _SCALE.get(n, 1.0) for n in FIT_NAMES]
+               "host_issue_s": max(start.host_issue_s, 10e-6), "clock": 1.0}
+    names = FIT_NAMES if parent is None else TIED_NAMES
+    x0 = [min(max(start_x[n], _BOUNDS[n][0]), _BOUNDS[n][1]) / _SCALE.get(n, 1.0) for n in names]
+    lo = [_BOUNDS[n][0] / _SCALE.get(n, 1.0) for n in names]
+    hi = [_BOUNDS[n][1] / _SCALE.get(n, 1.0) for n in names]
     res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, max_nfev=max_evaluations,
                         diff_step=0.02)
-    return _calibration(start, res.x), {
-        "device": device, "rows": len(samples), "sources": sorted(counts), "evaluations": int(res.nfev),
-        "cost": float(res.cost),
-    }
+    report: dict[str, Any] = {"device": device, "rows": len(samples), "sources": sorted(counts),
+                              "evaluations": int(res.nfev), "cost": float(res.cost)}
+    if parent is not None:
+        report["clock"] = float(res.x[0])
+    return _calibration(start, res.x, parent), report
+
+
+def fit_devices(
+    samples: Sequence[Sample], starts: dict[str, Calibration], clusters: dict[str, ClusterSpec], devices: Sequence[str],
+    *, max_evaluations: int = 200, progress: Callable[[int, int, str], None] | None = None,
+    cache: dict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Any] | None]] | None = None,
+) -> dict[str, tuple[Calibration, dict[str, Any] | None]]:
+    """Each of ``devices`` fitted on its ``samples``, a :data:`TIED` device after (and on) its
+    parent's fit, which is made for it if ``devices`` does not name the parent. A device no sample
+    measures keeps its ``starts`` calibration (report None). ``cache`` keeps fits by device and the
+    sources they were fitted on (leave-one-source-out refits a parent on the same rows for every
+    held-out source of the tied device)."""
+    order = [TIED[d] for d in devices if d in TIED and TIED[d] not in devices] + list(devices)
+    order = sorted(dict.fromkeys(order), key=lambda d: d in TIED)  # parents first
+    out: dict[str, tuple[Calibration, dict[str, Any] | None]] = {}
+    for i, dev in enumerate(order):
+        if progress is not None:
+            progress(i, len(order), dev)
+        rows = [s for s in samples if s.device == dev]
+        key = (dev, tuple(sorted({s.source for s in rows})))
+        if dev in TIED:  # a tied fit also depends on the rows its parent was fitted on
+            key = (dev, key[1] + ("|",) + tuple(sorted({s.source for s in samples if s.device == TIED[dev]})))
+        if cache is not None and key in cache:
+            out[dev] = cache[key]
+            continue
+        parent = out[TIED[dev]][0] if dev in TIED else None
+        out[dev] = fit_device(rows, starts[dev], clusters, max_evaluations=max_evaluations, parent=parent) if rows \
+            else (starts[dev], None)
+        if cache is not None:
+            cache[key] = out[dev]
+    return {d: out[d] for d in devices}
 
 
 def cross_validate(
@@ -158,14 +212,14 @@ def cross_validate(
     ``starts`` calibration (and the report says so)."""
     sources = sorted({s.source for s in samples})
     out: dict[str, list[float]] = {}
+    cache: dict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Any] | None]] = {}
     for i, src in enumerate(sources):
         if progress is not None:
             progress(i, len(sources), src)
         held = [s for s in samples if s.source == src]
-        cals: dict[str, Calibration | None] = {}
-        for dev in sorted({s.device for s in held}):
-            train = [s for s in samples if s.source != src and s.device == dev]
-            cals[dev] = fit_device(train, starts[dev], clusters, max_evaluations=max_evaluations)[0] if train \
-                else starts[dev]
+        train = [s for s in samples if s.source != src]
+        fits = fit_devices(train, starts, clusters, sorted({s.device for s in held}), max_evaluations=max_evaluations,
+                           cache=cache)
+        cals: dict[str, Calibration | None] = {dev: cal for dev, (cal, _) in fits.items()}
         out[src] = predict_samples(held, cals, clusters)
     return out
