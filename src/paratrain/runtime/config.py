@@ -355,7 +355,8 @@ def check_tp_overlap(config: ParallelConfig) -> None:
     Engine's userbuffers need NVLink) is what the cost model prices, not what ``train`` runs."""
     if config.tp_overlap != "none":
         raise ConfigError("--tp-overlap", f"paratrain train does not run {config.tp_overlap} tensor-parallel overlap "
-                          "(its DTensor collectives run unfused)", "use --tp-overlap none (plan and simulate price it)")
+                          "(its DTensor collectives run unfused)",
+                          'plan without --tp-overlap, or set "tp_overlap": "none" in the run document')
 
 
 def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:
