@@ -71,6 +71,8 @@ def test_fit_recovers_the_times_of_a_known_calibration_and_loso_predicts_each_so
     assert fitted == pytest.approx(times, rel=0.01)
     held = cross_validate(synthetic, {"a100": start}, CLUSTERS, max_evaluations=30)
     assert set(held) == {s.source for s in synthetic}
+    # the folds in two processes: the same figures
+    assert cross_validate(synthetic, {"a100": start}, CLUSTERS, max_evaluations=30, jobs=2) == held
     for src, pred in held.items():
         meas = [s.measured_s for s in synthetic if s.source == src]
         # 4 %: with compute slowed beside overlapped collectives (cost.dp_reduction), two sources'
@@ -113,6 +115,8 @@ def test_validate_public_runs_reports_per_source(run_cli) -> None:
         (["public-runs", "--fit", "--loso"], "--fit"),
         (["public-runs", "--calibration", "nope"], "--calibration"),
         (["all", "--lut", "vtrain-a100"], "--lut"),
+        (["public-runs", "--loso", "--jobs", "0"], "--jobs"),
+        (["public-runs", "--jobs", "2"], "--jobs"),
     ],
 )
 def test_validate_sources_bad_flags_are_one_line(run_cli, args: list[str], flag: str) -> None:

@@ -15,6 +15,7 @@ validation (``--loso``).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,6 +35,7 @@ BUILTIN_LUTS = {"vtrain-a100": "allreduce_lut/a100"}
 SOURCE_SETS = ("public-runs", "all")
 _VTRAIN_SINGLE_STRIDE = 8  # every 8th of the 1,440 single-node rows: 180, as many as the other sources' rows
 _MAX_EVALUATIONS = 10_000  # each evaluation predicts every fitted run: hours past this
+_MAX_JOBS = 64
 
 
 def register(app: typer.Typer) -> None:
@@ -208,6 +210,8 @@ def validate_command(
         typer.Option("--lut", help="With --fit: folder of nccl-tests all-reduce tables, or vtrain-a100."),
     ] = None,
     evaluations: Annotated[int, typer.Option("--evaluations", help="With --fit: optimizer evaluations.")] = 40,
+    jobs: Annotated[int | None, typer.Option("--jobs", help="With --loso: folds run in this many processes "
+                                             "(default: the CPUs, at most 8; the same figures).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.cli.options import resolve_cluster_opts
@@ -215,9 +219,13 @@ def validate_command(
     from paratrain.plan.validate import errors_pct, parse_vtrain_csv, predict, summary
 
     # Every flag is checked before the first prediction.
+    if jobs is not None and (jobs < 1 or jobs > _MAX_JOBS):
+        raise ConfigError("--jobs", f"must be in 1..{_MAX_JOBS}, got {jobs}", "e.g. --jobs 2")
+    if jobs is not None and not loso:
+        raise ConfigError("--jobs", "sets the processes of --loso's folds", "add --loso or drop --jobs")
     if str(data) in SOURCE_SETS:
         _validate_sources(str(data), calibration or "fitted", loso, fit_params, plot, rows, evaluations, lut,
-                          json_out)
+                          json_out, jobs=jobs if jobs is not None else min(os.cpu_count() or 1, 8))
         return
     if loso:
         raise ConfigError("--loso", "needs several sources", f"use it with {' or '.join(SOURCE_SETS)}")
@@ -406,7 +414,7 @@ def _source_scatter(path: Path, samples: list[Any], predicted: list[float], titl
 
 def _validate_sources(
     name: str, calibration: str, loso: bool, fit_params: bool, plot: Path | None, rows: int, evaluations: int,
-    lut: Path | None, json_out: bool,
+    lut: Path | None, json_out: bool, *, jobs: int = 1,
 ) -> None:
     """Several sources at once: per-source errors, the per-device fit, leave-one-source-out."""
     from paratrain.plan.crossval import TIED, cross_validate, fit_devices, predict_samples, start_calibration
@@ -460,7 +468,7 @@ def _validate_sources(
     if loso:
         with progress_bar("leave-one-source-out: fitting without", json_out) as tick:
             held = cross_validate(samples, starts, clusters, max_evaluations=evaluations,
-                                  progress=lambda i, n, src: tick(i, n, src))
+                                  progress=lambda i, n, src: tick(i, n, src), jobs=jobs)
         index: dict[str, int] = {}
         loso_pred = []
         for s in samples:
