@@ -283,3 +283,21 @@ def test_pipeline_under_fsdp_is_predicted_once_its_microbatch_is_known() -> None
     fsdp = predict_step_s(run, cluster)
     ddp = predict_step_s(dataclasses.replace(run, sharding="ddp"), cluster)
     assert 0 < ddp < fsdp < 10 * ddp
+
+
+def test_zb_h1_under_fsdp_keeps_unsharded_gradients_as_the_runtime_does():
+    """ZB-H1's weight pass comes after its input pass: the runtime's FSDP2 holds a chunk's
+    unsharded gradients until R (runtime/pipeline_engine.py), so the chunk's gradient memory is
+    zero1's (unsharded), its parameters and optimizer state stay sharded."""
+
+    model, cluster = resolve_model("gpt3-1.3b"), resolve_cluster("dgx-a100", gpus=8)
+
+    def costs(level: str, schedule: str):
+        return chunk_costs(model, cluster, ParallelConfig(dp=4, pp=2, global_batch=16, sharding=level,
+                                                          schedule=schedule))
+
+    for level in ("zero2", "zero3"):
+        held, flushed, zero1 = costs(level, "zb-h1"), costs(level, "1f1b"), costs("zero1", "zb-h1")
+        for h, f, z in zip(held, flushed, zero1, strict=True):
+            assert h.grad_bytes == z.grad_bytes > f.grad_bytes  # unsharded, not dp-sharded
+            assert h.weight_bytes == f.weight_bytes < z.weight_bytes and h.optimizer_bytes == f.optimizer_bytes

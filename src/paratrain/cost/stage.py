@@ -40,7 +40,7 @@ from paratrain.cost.sharding import (
 from paratrain.cost.tensor_parallel import collective_s, tp_part_cpu, tp_part_times, tp_parts
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig, Recompute
+from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.device import DeviceSpec
 from paratrain.spec.model import Activation, Arch, ModelSpec
@@ -420,6 +420,10 @@ def chunk_costs(
     # zero2/zero3 (cost.sharding): each micro-batch gathers every unit's parameters and
     # reduce-scatters its gradients over dp, overlapped with the neighbouring units' compute.
     fsdp = gathers_per_microbatch(level, dp)
+    # FSDP2 under a split backward (runtime/pipeline_engine.py, LocalChunk.hold_gradients): the weight
+    # pass comes after the input pass, so gradients accumulate unsharded over the step and are
+    # reduce-scattered once, at R (the per-micro-batch collectives below are still charged)
+    held_grads = fsdp and config.pp > 1 and config.schedule is ScheduleName.ZB_H1
     group_key = (config.mesh_order, config.dp, config.tp, config.pp, config.cp)
 
     def comm_s(kind: str, nbytes: int) -> float:
@@ -457,6 +461,8 @@ def chunk_costs(
         # keeps fp32 gradient partitions).
         w, g, o = static_shares(level, grads, params * grad_dtype_bytes(config.dtype),
                                 params * bd.optimizer_bytes_per_param, dp)
+        if held_grads:  # the runtime's FSDP2 under ZB-H1 keeps the chunk's unsharded gradients until R
+            g = params * grad_dtype_bytes(config.dtype)
         gathered = 0
         fsdp_f = fsdp_b = 0.0
         if fsdp:
