@@ -54,9 +54,9 @@ def fused_exposed_s(comm_s: float, gemm_s: float, tp: int) -> float:
     """Time a collective of ``comm_s`` adds to the GEMM of ``gemm_s`` it is fused with, both split
     in ``tp`` pieces: ``max(0, comm_s − gemm_s·(tp − 1)/tp)`` (module docstring)."""
     if tp < 2:
-        raise ConfigError("tp", f"async TP splits over the tensor-parallel group; tp is {tp}", "use tp >= 2")
+        raise ConfigError("tp", f"the overlap splits over the tensor-parallel group; tp is {tp}", "use tp >= 2")
     if comm_s < 0 or gemm_s < 0:
-        raise ConfigError("async_tp", f"negative time (collective {comm_s}, GEMM {gemm_s})", "give times >= 0")
+        raise ConfigError("tp_overlap", f"negative time (collective {comm_s}, GEMM {gemm_s})", "give times >= 0")
     return max(0.0, comm_s - gemm_s * (tp - 1) / tp)
 
 
