@@ -31,6 +31,7 @@ __all__ = [
     "Recompute",
     "SHARDINGS",
     "TP_OVERLAPS",
+    "check_tp_overlap_name",
     "ScheduleName",
     "mesh_order_of",
     "sharding_level",
@@ -124,6 +125,12 @@ def sharding_level(value: Any, field: str = "sharding") -> str:
 
 # How the tensor-parallel collectives meet their GEMMs (ParallelConfig.tp_overlap; cost.async_tp).
 TP_OVERLAPS = ("none", "async", "userbuffers")
+
+
+def check_tp_overlap_name(value: Any, field: str = "tp_overlap") -> None:
+    """A ConfigError unless ``value`` is one of :data:`TP_OVERLAPS`."""
+    if value not in TP_OVERLAPS:
+        raise ConfigError(field, f"unknown tensor-parallel overlap {value!r}", f"use one of: {', '.join(TP_OVERLAPS)}")
 
 def _check_compression(config: ParallelConfig) -> None:
     if config.compression not in COMPRESSIONS:
@@ -261,9 +268,7 @@ class ParallelConfig:
                 raise ConfigError(
                     "partition", f"{list(part)} has an empty stage", "give every chunk at least one layer"
                 )
-        if self.tp_overlap not in TP_OVERLAPS:
-            raise ConfigError("tp_overlap", f"unknown tensor-parallel overlap {self.tp_overlap!r}",
-                              f"use one of: {', '.join(TP_OVERLAPS)}")
+        check_tp_overlap_name(self.tp_overlap)
         if self.tp_overlap != "none" and self.tp == 1:
             raise ConfigError("tp_overlap", "overlapping the tensor-parallel collectives needs them, and tp is 1",
                               "use tp > 1 with sequence parallelism, or --tp-overlap none")

@@ -172,10 +172,14 @@ def fit_device(
     return _calibration(start, res.x, parent), report
 
 
+# fits by (device, the sources fitted on): what leave-one-source-out's folds share
+_FitCache = dict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Any] | None]]
+
+
 def fit_devices(
     samples: Sequence[Sample], starts: dict[str, Calibration], clusters: dict[str, ClusterSpec], devices: Sequence[str],
     *, max_evaluations: int = 200, progress: Callable[[int, int, str], None] | None = None,
-    cache: dict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Any] | None]] | None = None,
+    cache: _FitCache | None = None,
 ) -> dict[str, tuple[Calibration, dict[str, Any] | None]]:
     """Each of ``devices`` fitted on its ``samples``, a :data:`TIED` device after (and on) its
     parent's fit, which is made for it if ``devices`` does not name the parent. A device no sample
@@ -201,9 +205,6 @@ def fit_devices(
         if cache is not None:
             cache[key] = out[dev]
     return {d: out[d] for d in devices}
-
-
-_FitCache = dict[tuple[str, tuple[str, ...]], tuple[Calibration, dict[str, Any] | None]]
 
 
 def _fold(src: str, samples: Sequence[Sample], starts: dict[str, Calibration], clusters: dict[str, ClusterSpec],

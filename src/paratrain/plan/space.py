@@ -17,10 +17,10 @@ from paratrain.errors import ConfigError, require_positive_int
 from paratrain.parallel.config import (
     MAX_MICROBATCHES,
     SHARDINGS,
-    TP_OVERLAPS,
     ParallelConfig,
     Recompute,
     ScheduleName,
+    check_tp_overlap_name,
     mesh_order_of,
     sharding_level,
 )
@@ -114,9 +114,7 @@ class Pins:
     compression_density: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.tp_overlap not in TP_OVERLAPS:
-            raise ConfigError("tp_overlap", f"unknown tensor-parallel overlap {self.tp_overlap!r}",
-                              f"use one of: {', '.join(TP_OVERLAPS)}")
+        check_tp_overlap_name(self.tp_overlap)
         if self.tp_overlap != "none" and self.sequence_parallel is False:
             raise ConfigError("tp_overlap", f"{self.tp_overlap} overlap splits sequence parallelism's collectives, "
                               "and sequence parallelism is pinned off", "drop --no-sequence-parallel or --tp-overlap")

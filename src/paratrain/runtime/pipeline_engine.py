@@ -305,13 +305,13 @@ class PipelineEngine:
             return  # I of chunk 0: no input gradient to compute, its W does the whole backward
         out, x_in, version = self._saved.pop(key)
         grad_out = None if ch.is_last else self._grads.pop(key)
-        weights = self._weights(ch, version)
         ctx = self.loss_context() if ch.is_last else contextlib.nullcontext()
         if inputs_only:
             # torch.distributed.pipelining's split backward: the input gradient now, the gradients
             # flowing into the weights' consumers kept for W, so W does only the weight part.
             if ch.fully_sharded:
                 ch.module.unshard()  # zero3 freed them after the forward; held gathered until R
+            weights = self._weights(ch, version)
             with ctx:
                 dinputs, groups = stage_backward_input([out], None if grad_out is None else [grad_out], [x_in],
                                                        iter(weights))
@@ -328,6 +328,7 @@ class PipelineEngine:
                 gx, x_in.grad = x_in.grad, None
                 self._pass_input_grad(a, gx)
             return
+        weights = self._weights(ch, version)
         targets = ([] if x_in is None else [x_in]) + weights
         if version is None:
             # current weights: let autograd accumulate into .grad (no extra add per parameter)
