@@ -190,8 +190,8 @@ def test_calibrate_prints_one_line_per_kind_and_group() -> None:
     rows = [["all_reduce", 2, 4096, 0.001], ["all_reduce", 2, 2**21, 0.004], ["all_gather", 4, 4096, 0.002]]
     cpu = [["all_reduce", 2, 4096, 5e-4], ["all_reduce", 2, 2**21, 2e-3]]
     assert tp_lines(rows, dev, cpu) == [
-        "tensor-parallel all-reduce over 2 processes after a GEMM (one group): 4 KiB 1.00 (CPU 0.50) ms, "
+        "tensor-parallel all-reduce over 2 processes in a layer (one group): 4 KiB 1.00 (CPU 0.50) ms, "
         "2 MiB 4.00 (CPU 2.00) ms",
-        "tensor-parallel all-gather over 4 processes after a GEMM (one group): 4 KiB 2.00 ms",
+        "tensor-parallel all-gather over 4 processes in a layer (one group): 4 KiB 2.00 ms",
         "DTensor dispatch per tensor-parallel module: forward 200 us, backward 500 us",
     ]

@@ -19,6 +19,7 @@ from tests.runtime import forkrun
 
 from paratrain.cost.tensor_parallel import tp_parts
 from paratrain.runtime.calibrate import measurement_steps
+from paratrain.runtime.calibrate_tp import BLOCK_SHAPES
 from paratrain.spec.model import from_document
 
 HARNESS = Path(__file__).with_name("tp_comm_harness.py")
@@ -66,14 +67,22 @@ def test_calibration_times_every_kind_and_size_and_the_dispatch(recorded: dict[s
     rows = recorded["measured"]
     kinds = {(kind, group) for kind, group, _, _ in rows}
     assert kinds == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2)}
-    assert len({nbytes for _, _, nbytes, _ in rows}) == 3
-    assert all(s >= 0 for *_, s in rows) and max(s for *_, s in rows) > 0
+    # one row per block shape: T x 64 fp32 per rank
+    assert sorted({nbytes for _, _, nbytes, _ in rows}) == sorted(b * s * 64 * 4 for s, b in BLOCK_SHAPES)
+    assert all(s >= 0 for *_, s in rows)
+    # the block without sequence parallelism costs more than its dispatch: its all-reduces cost time
+    assert all(s > 0 for kind, _, _, s in rows if kind == "all_reduce")
     forward, backward = recorded["dispatch"]
     assert forward > 0 and backward > 0
     # the CPU each collective cost its process (gloo's threads included), for the same rows
     cpu = recorded["collective_cpu"]
     assert [row[:3] for row in cpu] == [row[:3] for row in rows]
-    assert all(0 < s < 0.1 for *_, s in cpu)
+    assert all(0 <= s < 0.1 for *_, s in cpu)
+    assert all(s > 0 for kind, _, _, s in cpu if kind == "all_reduce")
+    # the block with sequence parallelism gives all-gathers and reduce-scatters one figure
+    for table in (rows, cpu):
+        by = {(k, b): s for k, _, b, s in table}
+        assert all(by[("all_gather", b)] == by[("reduce_scatter", b)] for k, b in by if k == "all_gather")
 
 
 def test_progress_counts_the_tensor_parallel_steps() -> None:

@@ -74,8 +74,8 @@ def main() -> None:
             with Recorder() as bwd, loss_context(world):
                 loss.backward()
             issued[f"{name}{'-sp' if sp else ''}"] = {"forward": fwd.calls, "backward": bwd.calls}
-    measured, collective_cpu = measure_tp_collectives(rank, world)
     dispatch = measure_tp_dispatch()
+    measured, collective_cpu = measure_tp_collectives(rank, world, dispatch)
     if rank == 0:
         with open(sys.argv[1], "w", encoding="utf-8") as fh:
             json.dump({"issued": issued, "measured": measured, "dispatch": dispatch,

@@ -160,6 +160,10 @@ def test_calibration_stores_per_core_rates() -> None:
     assert new.peak_fp32_flops == 80e9 and new.memory_bandwidth_Bps == 12e9
     assert new.kernel_overhead_s == pytest.approx(15e-6) and new.tp_dispatch_backward_s == pytest.approx(8e-4)
     assert new.memory_efficiency == pytest.approx(old.memory_efficiency)
+    # DTensor's dispatch timed on the CPU clock is per core already: not scaled again
+    cpu_clock = device_from_measurement({**MEASURED, "procs": 4, "cores": 2, "tp_dispatch_per_core": True})
+    assert (cpu_clock.tp_dispatch_forward_s, cpu_clock.tp_dispatch_backward_s) == (8e-4, 1.6e-3)
+    assert cpu_clock.kernel_overhead_s == pytest.approx(15e-6)
 
 
 @pytest.mark.parametrize(("dp", "tp", "pipelined"), [(4, 1, (2, 1)), (1, 4, (1, 2))])

@@ -92,7 +92,7 @@ def tp_lines(rows: list[list[str | int | float]], device: DeviceSpec,
         key = (str(kind), int(group), int(nbytes))
         of_cpu = f" (CPU {cpu[key] * 1e3:.2f})" if key in cpu else ""
         by.setdefault((str(kind), int(group)), []).append(f"{_kib(int(nbytes))} {float(seconds) * 1e3:.2f}{of_cpu} ms")
-    out = [f"tensor-parallel {kind.replace('_', '-')} over {group} processes after a GEMM (one group): "
+    out = [f"tensor-parallel {kind.replace('_', '-')} over {group} processes in a layer (one group): "
            + ", ".join(v) for (kind, group), v in by.items()]
     out.append(f"DTensor dispatch per tensor-parallel module: forward {device.tp_dispatch_forward_s * 1e6:.0f} us, "
                f"backward {device.tp_dispatch_backward_s * 1e6:.0f} us")

@@ -26,9 +26,10 @@ tests/runtime/test_calibrate_tp.py). With ``T`` tokens per micro-batch, ``h`` th
   cross-entropy all-reduces three fp32 values per token in the forward (the row maximum, the sum
   of exponentials, the target's logit).
 
-Times: a collective's time is read from the cluster's ``measured_collectives`` (timed by
-``paratrain calibrate`` as the runtime issues them: right after compute, every group at once) by a
-least-squares line in bytes, where it holds that kind and group size; else the alpha-beta model
+Times: a collective's time is read from the cluster's ``measured_collectives`` (what ``paratrain
+calibrate`` measured per collective inside a block parallelized with the runtime's plan, beyond
+the block's own work and dispatch: ``runtime.calibrate_tp``) by a least-squares line in bytes,
+where it holds that kind and group size; else the alpha-beta model
 (:func:`paratrain.cost.collectives.collective_time`). DTensor's host time is
 ``tp_dispatch_forward_s`` / ``tp_dispatch_backward_s`` of the device per parallelized module.
 
@@ -50,8 +51,8 @@ from paratrain.cost.compute import dtype_bytes
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import Activation, ModelSpec
 
-__all__ = ["TPCollective", "TPPart", "collective_cpu", "collective_s", "group_rate", "tp_parts", "tp_part_cpu",
-           "tp_part_times", "measured_time"]
+__all__ = ["TPCollective", "TPPart", "collective_cpu", "collective_s", "fit_line", "group_rate", "tp_parts",
+           "tp_part_cpu", "tp_part_times", "measured_time"]
 
 LOSS_VALUES_PER_TOKEN = 3  # loss_parallel: row maximum, sum of exponentials, target logit (fp32)
 
@@ -139,16 +140,18 @@ def measured_time(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> f
     measured sizes of that kind and group (a line through three noisy points of a shared machine
     rather than a path through each); without a positive slope, their mean; without a positive
     intercept, the line through the origin. None when not measured."""
-    return _line(cluster.measured_collectives, kind, group, nbytes)
+    return fit_line(cluster.measured_collectives, kind, group, nbytes)
 
 
 def collective_cpu(cluster: ClusterSpec, kind: str, group: int, nbytes: int) -> float:
     """CPU seconds one ``kind`` collective of ``nbytes`` over ``group`` processes costs each of
     them, the line of :func:`measured_time` through ``collective_cpu_s`` (0 when not measured)."""
-    return _line(cluster.collective_cpu_s, kind, group, nbytes) or 0.0
+    return fit_line(cluster.collective_cpu_s, kind, group, nbytes) or 0.0
 
 
-def _line(rows: tuple[tuple[str, int, int, float], ...], kind: str, group: int, nbytes: int) -> float | None:
+def fit_line(rows: tuple[tuple[str, int, int, float], ...], kind: str, group: int, nbytes: int) -> float | None:
+    """The value at ``nbytes`` of the least-squares line in bytes through the ``(kind, group,
+    bytes, seconds)`` rows of that kind and group (:func:`measured_time`); None without such rows."""
     pts = [(float(b), s) for k, g, b, s in rows if k == kind and g == group]
     if not pts:
         return None

@@ -350,11 +350,16 @@ def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None
         dist.barrier()
         comm = measure_comm(rank, world, progress=progress, done=len(_CPU_STEPS), total=total)
         done = len(_CPU_STEPS) + len(_COMM_STEPS)
-        comm["measured_collectives"], comm["collective_cpu"] = measure_tp_collectives(
-            rank, world, progress=progress, done=done, total=total)
         if progress is not None:
-            progress(total - 1, total, "DTensor dispatch")
-        cpu["tp_dispatch_forward_s"], cpu["tp_dispatch_backward_s"] = measure_tp_dispatch()
+            progress(done, total, "DTensor dispatch")
+        # the mean over the processes: the collectives' figures are what a block costs beyond it
+        dispatch = torch.tensor(measure_tp_dispatch(), dtype=torch.float64)
+        dist.all_reduce(dispatch)
+        fwd, bwd = (dispatch / world).tolist()
+        cpu["tp_dispatch_forward_s"], cpu["tp_dispatch_backward_s"] = fwd, bwd
+        cpu["tp_dispatch_per_core"] = True  # CPU time: not scaled by the core share (device_from_measurement)
+        comm["measured_collectives"], comm["collective_cpu"] = measure_tp_collectives(
+            rank, world, (fwd, bwd), progress=progress, done=done + 1, total=total)
         dist.destroy_process_group()
         queue.put(("result", rank, (cpu, comm)))
     except Exception as e:  # reported by the parent as one line
@@ -443,6 +448,8 @@ def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
     for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s"):
         if all(k in c for c in cpus):
             cpu[k] = mean(c[k] for c in cpus)
+    if all(c.get("tp_dispatch_per_core") for c in cpus):
+        cpu["tp_dispatch_per_core"] = True
     cpu["peak_fp32_flops"] = max(cpu["gemm_flops_by_size"].values())
     return cpu
 
@@ -464,6 +471,7 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     (the simulator shares the cores again among the processes computing at each instant)."""
     share = core_share(int(m.get("procs", 1)), int(m["threads"]), int(m.get("cores", 0))) if m.get("cores") else 1.0
     bw = float(m["memory_bandwidth_Bps"]) / share
+    dispatch_share = 1.0 if m.get("tp_dispatch_per_core") else share
     return dataclasses.replace(
         DEVICE_PRESETS["cpu"],
         peak_fp32_flops=float(m["peak_fp32_flops"]) / share,
@@ -476,8 +484,9 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         kernel_overhead_s=float(m["kernel_overhead_s"]) * share,
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
         duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
-        tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * share,
-        tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * share,
+        # measured on the CPU clock (per core already), or by the wall in older calibrations
+        tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * dispatch_share,
+        tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * dispatch_share,
     )
 
 

@@ -1,24 +1,36 @@
-"""Tensor-parallel measurements of ``paratrain calibrate``: what a collective adds to a step when
-tensor parallelism issues it right after compute, the CPU it costs its process, and the host time
-DTensor adds per parallelized module (the inputs of ``cost.tensor_parallel``)."""
+"""Tensor-parallel measurements of ``paratrain calibrate``: what a collective adds to a layer when
+the runtime's tensor parallelism issues it, the CPU it costs its process, and the host time DTensor
+adds per parallelized module (the inputs of ``cost.tensor_parallel``).
+
+Every figure comes from a transformer block parallelized with the runtime's plan
+(``runtime.tensor_parallel.block_plan``) against the same block's work without DTensor, forward
+and backward through autograd, as a training step runs it. Measured on a 2-core machine with four
+processes, the raw collectives (a DTensor redistributed after a GEMM, what this module timed
+before) accounted for half of what a layer's collectives cost in training: autograd around
+DTensor's collectives, the wrapping of the column-parallel inputs' gradients and the gloo threads'
+work grow with the message, and a layer of hidden 256 at tp 2 cost 5.3 / 8.0 ms more CPU forward /
+backward than its local share of the work where the redistributions and the dispatch accounted for
+2.7 / 5.2.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-__all__ = ["TP_GEMM", "measure_tp_collectives", "measure_tp_dispatch", "tp_group_sizes", "trimmed_mean"]
+__all__ = ["BLOCK_SHAPES", "measure_tp_collectives", "measure_tp_dispatch", "per_collective", "tp_group_sizes",
+           "trimmed_mean"]
 
-# Tensor-parallel collectives: each follows a GEMM of about a few ms on one loaded thread, the
-# compute between two of a small model's collectives at tp 2-4 (a 512-token micro-batch, hidden
-# 256). Sizes around such models' activations (T x h fp32: 512 x 256 x 4 = 512 KiB) and the
-# loss's per-token values; the cost model fits a line through them (cost.tensor_parallel).
-TP_GEMM = (512, 256, 256)
-_TP_BYTES = (4 * 2**10, 256 * 2**10, 2 * 2**20)
-_TP_REPEATS = 16
+# (sequence, micro-batch) of the blocks timed per group size: hidden 64 in fp32, so each
+# collective moves T x 64 x 4 bytes per rank: 2 KiB, 64 KiB and 512 KiB. The cost model fits a
+# line in bytes through the three (cost.tensor_parallel).
+BLOCK_SHAPES = ((8, 1), (32, 8), (64, 32))
+_BLOCK_REPEATS = 12
 _DISPATCH_REPEATS = 24
 
 
@@ -30,153 +42,174 @@ def tp_group_sizes(world: int) -> list[int]:
 Row = tuple[str, int, int, float]
 
 
+def _block_spec(g: int, seq: int) -> Any:
+    """A GPT block whose heads split evenly over ``g`` ranks: hidden 64 and 8 heads when ``g``
+    divides 8, else ``g`` heads of 8."""
+    from paratrain.spec.model import resolve_model
+
+    heads = 8 if 8 % g == 0 else g
+    hidden = 64 if 8 % g == 0 else 8 * g
+    return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden)
+
+
+def _local_block(spec: Any, g: int) -> Any:
+    """One tensor-parallel rank's share of a block's work without DTensor: the same block with
+    its column-parallel linear layers ``1/g`` as wide and its row-parallel ones ``1/g`` as deep."""
+    import torch.nn as nn
+
+    from paratrain.runtime.models.layers import Block
+
+    block = Block(spec, pre_norm=True)
+    h, f, attn, mlp = spec.hidden, spec.ffn_size, block.attn, block.mlp
+    attn.q, attn.k, attn.v = (nn.Linear(h, h // g, bias=spec.bias) for _ in range(3))
+    attn.o = nn.Linear(h // g, h, bias=spec.bias)
+    mlp.fc1, mlp.fc2 = nn.Linear(h, f // g, bias=spec.bias), nn.Linear(f // g, h, bias=spec.bias)
+    return block
+
+
+def _rate(g: int) -> float:
+    """The speed of ``g`` single-threaded processes computing together on this host's cores, as a
+    fraction of one alone on a core (``cost.tensor_parallel.group_rate``)."""
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return min(1.0, cores / (g * torch.get_num_threads()))
+
+
 def measure_tp_collectives(
-    rank: int, world: int, *, progress: Callable[[int, int, str], None] | None = None, done: int = 0,
-    total: int | None = None,
+    rank: int, world: int, dispatch: tuple[float, float], *, progress: Callable[[int, int, str], None] | None = None,
+    done: int = 0, total: int | None = None,
 ) -> tuple[list[Row], list[Row]]:
-    """Collectives as tensor parallelism issues them, for every group size ``g`` (divisors of
-    ``world`` from 2; groups of ``g`` consecutive ranks, tp being the mesh's innermost axis): a
-    DTensor redistributed as the runtime's styles do (all-reduce: ``Partial`` to ``Replicate``;
-    all-gather: ``Shard(0)`` to ``Replicate``; reduce-scatter: ``Partial`` to ``Shard(0)``) right
-    after a GEMM of a few ms (``TP_GEMM``) and waited for, against the same redistribution on a
-    one-process mesh (DTensor's own work, which :func:`measure_tp_dispatch`'s figure holds), the
-    two interleaved so that both see the same load. Two figures per kind, group size and size:
+    """Collectives as tensor parallelism issues them inside a layer, for every group size ``g``
+    (divisors of ``world`` from 2; groups of ``g`` consecutive ranks, tp being the mesh's
+    innermost axis). A GPT block (:func:`_block_spec`) parallelized with the runtime's plan, without
+    and with sequence parallelism, at the sizes of ``BLOCK_SHAPES``, against one rank's share of
+    its work run without DTensor (:func:`_local_block`), forward and backward (interleaved, so that
+    both see the same load). What the parallel block costs beyond its share of the work is
+    DTensor's dispatch per module (``dispatch``: per-core CPU seconds forward and backward, from
+    :func:`measure_tp_dispatch`) plus its collectives, as ``cost.tensor_parallel.tp_parts`` counts
+    them; per collective:
 
     - *time*: one group alone (the other ranks wait in a barrier, which takes no core: gloo
-      blocks), the added wall time (:func:`trimmed_mean`), the mean over its ranks: what a
-      collective adds to its group's step, the slowest peer and the wake-up of a blocked process
-      included. One group, because several at once fill each other's waits with their work, so
-      what they add depends on the work there is (the simulator models that, ``sim.sharing``);
+      blocks), the added wall time (:func:`trimmed_mean`) less the dispatch at the group's speed
+      (``min(1, cores / g)`` of a core each), the mean over its ranks: what a collective adds to
+      its group's step, the slowest peer and the wake-up of a blocked process included;
     - *CPU*: every group at once, the added CPU time of the process (``time.process_time``: all
-      threads, gloo's included), the mean over repeats and ranks: the work a collective costs,
-      under the same sharing of the cores as the calibration's other per-core figures. Measured
-      here on 2 cores with 4 processes, a DTensor all-reduce of 256 KiB over 2 processes cost
-      1.95 ms of CPU where the bare functional collective cost 1.08 and the one-process
-      redistribution 0.5: DTensor's path around the collective is part of the work. A layer
-      costs more than its redistributions alone: a tiny block parallelized with the runtime's
-      plan over the group costs more CPU per collective than its one-process twin plus those
-      figures (autograd around DTensor's collectives, the column-parallel inputs' gradients),
-      about 1 ms more per collective here. So each group size's rows get that excess added
-      (:func:`_block_excess_cpu`): the CPU a collective costs inside a layer.
+      threads, gloo's included) less the dispatch, the mean over repeats and ranks: the work a
+      collective costs, under the same sharing of the cores as the calibration's other figures.
 
-    Returns ``(times, cpus)``, rows ``(kind, g, bytes, seconds)``; every rank must call it."""
+    The block without sequence parallelism issues all-reduces only (2 forward, 4 backward): its
+    figure per collective is the ``all_reduce`` row at its message size. The one with sequence
+    parallelism issues all-gathers and reduce-scatters (and the backward's all-reduces, taken off
+    with the ``all_reduce`` line of the same group size): its figure per collective is both the
+    ``all_gather`` and the ``reduce_scatter`` row. Returns ``(times, cpus)``, rows
+    ``(kind, g, bytes, seconds)``; every rank must call it."""
     import torch
     import torch.distributed as dist
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from paratrain.cost.tensor_parallel import fit_line, tp_parts
+    from paratrain.runtime.models.layers import Block
+    from paratrain.runtime.tensor_parallel import block_plan
 
     tell = progress or (lambda done, total, what: None)
     of = total if total is not None else len(tp_group_sizes(world))
-    m, k, n = TP_GEMM
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    d = dispatch[0] + dispatch[1]
     times: list[Row] = []
     cpus: list[Row] = []
-    one, _ = dist.new_subgroups(group_size=1)
-    mesh1 = DeviceMesh.from_group(one, "cpu")
-    moves = {"all_reduce": (Partial(), Replicate()), "all_gather": (Shard(0), Replicate()),
-             "reduce_scatter": (Partial(), Shard(0))}
-
-    def redistribute(local: Any, mesh: Any, kind: str) -> Callable[[], Any]:
-        src, dst = moves[kind]
-
-        def op() -> Any:
-            out = DTensor.from_local(local, mesh, [src], run_check=False).redistribute(mesh, [dst]).to_local()
-            return out.wait() if isinstance(out, AsyncCollectiveTensor) else out
-        return op
-
-    def added(op: Callable[[], Any], base: Callable[[], Any], active: bool) -> tuple[float, float]:
-        """(trimmed mean of the added wall time, mean of the added CPU time) of ``op`` over ``base``."""
-        dist.barrier()
-        if not active:
-            dist.barrier()
-            return 0.0, 0.0
-        torch.matmul(a, b)
-        op(), base()  # warm-up: a group's first call sets up its connections
-        walls, cpu = [], 0.0
-        for _ in range(_TP_REPEATS):
-            t0, p0 = time.perf_counter(), time.process_time()
-            torch.matmul(a, b)
-            base()
-            t1, p1 = time.perf_counter(), time.process_time()
-            torch.matmul(a, b)
-            op()
-            t2, p2 = time.perf_counter(), time.process_time()
-            walls.append((t2 - t1) - (t1 - t0))
-            cpu += (p2 - p1) - (p1 - p0)
-        dist.barrier()
-        # CPU time is not trimmed: the gloo threads' share of one call can land in the next repeat
-        return max(0.0, trimmed_mean(walls)), max(0.0, cpu / _TP_REPEATS)
-
     for i, g in enumerate(tp_group_sizes(world)):
         tell(done + i, of, f"tensor-parallel collectives over {g} processes")
         group, _ = dist.new_subgroups(group_size=g)
         mesh = DeviceMesh.from_group(group, "cpu")
-        for nbytes in _TP_BYTES:
-            full, shard = torch.randn(nbytes // 4), torch.randn(nbytes // 4 // g)
-            for kind in moves:
-                local = shard if kind == "all_gather" else full
-                op, base = redistribute(local, mesh, kind), redistribute(local, mesh1, kind)
-                _, cpu = added(op, base, True)
-                wall, _ = added(op, base, rank < g)
-                times.append((kind, g, nbytes, wall))
-                cpus.append((kind, g, nbytes, cpu))
-        small = next(c for kind, gg, nb, c in cpus if (kind, gg, nb) == ("all_reduce", g, _TP_BYTES[0]))
-        excess = max(0.0, _block_cpu_per_collective(mesh, mesh1) - small)
-        rows = len(moves) * len(_TP_BYTES)  # this group size's
-        cpus[-rows:] = [(kind, gg, nb, c + excess) for kind, gg, nb, c in cpus[-rows:]]
-    sums = torch.tensor([r[3] for r in times] + [r[3] for r in cpus], dtype=torch.float64)
-    dist.all_reduce(sums)
-    t, c = sums[:len(times)].tolist(), sums[len(times):].tolist()
-    return ([(kind, g, nb, s / g) for (kind, g, nb, _), s in zip(times, t, strict=True)],
-            [(kind, g, nb, s / world) for (kind, g, nb, _), s in zip(cpus, c, strict=True)])
+        rate = _rate(g)
+        for sp in (False, True):  # the all-reduce rows first: the blocks with sequence parallelism use them
+            rows_t: list[Row] = []
+            rows_c: list[Row] = []
+            for seq, batch in BLOCK_SHAPES:
+                spec = _block_spec(g, seq)
+                torch.manual_seed(0)
+                par = parallelize_module(Block(spec, pre_norm=True), mesh,
+                                         block_plan(swiglu=False, sequence_parallel=sp))
+                local = _local_block(spec, g)
+                x_par = torch.randn(batch, seq // g if sp else seq, spec.hidden, requires_grad=True)
+                x_local = torch.randn(batch, seq, spec.hidden, requires_grad=True)
+                cpu = _added(par, x_par, local, x_local, time.process_time, True, statistics.fmean)
+                wall = _added(par, x_par, local, x_local, time.perf_counter, rank < g, trimmed_mean)
+                layer = tp_parts(spec, sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
+                per_cpu = per_collective(cpu, layer, d, 1.0, partial(fit_line, tuple(cpus), "all_reduce", g))
+                per_wall = (per_collective(wall, layer, d, rate, partial(fit_line, tuple(times), "all_reduce", g))
+                            if rank < g else 0.0)
+                act = batch * seq * spec.hidden * 4
+                for kind in ("all_gather", "reduce_scatter") if sp else ("all_reduce",):
+                    rows_t.append((kind, g, act, per_wall))
+                    rows_c.append((kind, g, act, per_cpu))
+            # the group's figures: times the mean over its g ranks (the others measured nothing),
+            # CPU the mean over every rank
+            sums = torch.tensor([r[3] for r in rows_t] + [r[3] for r in rows_c], dtype=torch.float64)
+            dist.all_reduce(sums)
+            n = len(rows_t)
+            times += [(k, gg, b, s / g) for (k, gg, b, _), s in zip(rows_t, sums[:n].tolist(), strict=True)]
+            cpus += [(k, gg, b, s / world) for (k, gg, b, _), s in zip(rows_c, sums[n:].tolist(), strict=True)]
+    return times, cpus
 
 
-# A block small enough that its compute is negligible beside DTensor's and the collectives' host
-# work (messages of 2 KiB), with heads enough for tensor parallelism over up to 8 processes.
-_CPU_BLOCK = {"hidden": 64, "heads": 8, "seq": 8, "ffn": 256}
+def per_collective(added_s: float, layer: Any, dispatch_s: float, rate: float,
+                   all_reduce_s: Callable[[int], float | None]) -> float:
+    """Seconds one collective of ``layer`` (a ``cost.tensor_parallel.TPPart``: its collectives and
+    modules, forward and backward) accounts for in ``added_s``, what the parallel layer cost beyond
+    its share of the work: ``added_s`` less the modules' dispatch (``dispatch_s`` per module,
+    forward and backward together, at ``rate`` of a core) and, when ``layer`` also issues
+    collectives of another kind than its own, the all-reduces at ``all_reduce_s(bytes)``, over the
+    count of the others (at least 0). A layer without sequence parallelism issues all-reduces
+    only; with it, all-gathers and reduce-scatters beside the backward's all-reduces."""
+    kinds = {c.kind for c in (*layer.forward, *layer.backward)}
+    rest = added_s - layer.modules * dispatch_s / rate
+    count = 0
+    for c in (*layer.forward, *layer.backward):
+        if c.kind == "all_reduce" and kinds != {"all_reduce"}:
+            rest -= c.count * (all_reduce_s(c.nbytes) or 0.0)
+        else:
+            count += c.count
+    return max(0.0, rest / count)
 
 
-def _block_cpu_per_collective(mesh: Any, mesh1: Any) -> float:
-    """CPU seconds per collective of a tiny transformer block parallelized with the runtime's
-    plan over ``mesh`` (every group at once), forward and backward, beyond the same block over
-    the one-process ``mesh1`` (interleaved; the mean over repeats), per collective the block
-    issues (``cost.tensor_parallel.tp_parts``: 2 forward and 4 backward all-reduces)."""
-    import torch
+def _added(par: Any, x_par: Any, local: Any, x_local: Any, clock: Callable[[], float], active: bool,
+           average: Callable[[list[float]], float]) -> float:
+    """What a forward and backward of ``par`` costs beyond one of ``local`` on ``clock``, averaged
+    over interleaved repeats; 0 on a rank that is not ``active`` (it waits in the barrier)."""
     import torch.distributed as dist
-    from torch.distributed.tensor.parallel import parallelize_module
 
-    from paratrain.cost.tensor_parallel import tp_parts
-    from paratrain.runtime.models.layers import Block
-    from paratrain.runtime.tensor_parallel import block_plan
-    from paratrain.spec.model import resolve_model
-
-    spec = dataclasses.replace(resolve_model("gpt-tiny"), **_CPU_BLOCK)
-    layer = tp_parts(spec, sequence_parallel=False, microbatch=1, dtype="fp32")["layer"]
-    per_block = sum(c.count for c in (*layer.forward, *layer.backward))
-    x = torch.randn(1, spec.seq, spec.hidden, requires_grad=True)
-    blocks = [parallelize_module(Block(spec, pre_norm=True), m, block_plan(swiglu=False)) for m in (mesh, mesh1)]
-
-    def cpu(block: Any) -> float:
-        p0 = time.process_time()
+    def run(block: Any, x: Any) -> float:
+        t0 = clock()
         block(x).sum().backward()
-        return time.process_time() - p0
+        return clock() - t0
 
-    for _ in range(2):  # warm-up: DTensor caches its sharding decisions on first use
-        cpu(blocks[0]), cpu(blocks[1])
     dist.barrier()
-    diffs = [cpu(blocks[0]) - cpu(blocks[1]) for _ in range(_DISPATCH_REPEATS)]
+    if not active:
+        dist.barrier()
+        return 0.0
+    run(par, x_par), run(local, x_local)  # warm-up: DTensor caches its sharding decisions on first use
+    diffs = [run(par, x_par) - run(local, x_local) for _ in range(_BLOCK_REPEATS)]
     dist.barrier()
-    return max(0.0, statistics.fmean(diffs)) / per_block
+    return average(diffs)
 
 
 def measure_tp_dispatch() -> tuple[float, float]:
-    """Host time DTensor adds per tensor-parallel module, ``(forward, backward)`` seconds: a tiny
-    transformer block parallelized with the runtime's plan (``block_plan``: six Linear styles)
-    on a one-process mesh, against the same block plain, forward and backward timed apart
+    """Host time DTensor adds per tensor-parallel module, ``(forward, backward)`` CPU seconds: a
+    tiny transformer block parallelized with the runtime's plan (``block_plan``: six Linear
+    styles) on a one-process mesh, against the same block plain, forward and backward apart
     (:func:`trimmed_mean` of the interleaved differences). The tensors are tiny, so the difference
     is DTensor's own work: redistributing inputs and outputs, sharding propagation, its autograd
-    wrappers. Needs an initialized process group; every rank must call it."""
+    wrappers. Timed on the process's CPU clock, not the wall: while more processes compute than
+    there are cores, a call shorter than the scheduler's time slice often runs whole at full speed
+    and sometimes waits a slice, so its wall time is not the share of a core it cost (four
+    processes on two cores measured 240-590 us per module forward by the wall, 240-330 us of CPU);
+    the figure is per core, as the calibration's other per-kernel figures. Needs an initialized
+    process group; every rank must call it."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -195,11 +228,11 @@ def measure_tp_dispatch() -> tuple[float, float]:
     x = torch.randn(1, spec.seq, spec.hidden, requires_grad=True)
 
     def times(block: Any) -> tuple[float, float]:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         y = block(x)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         y.sum().backward()
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.process_time() - t1
 
     for _ in range(2):  # warm-up: DTensor caches its sharding decisions on first use
         times(plain), times(parallel)

@@ -1,0 +1,75 @@
+"""How ``paratrain calibrate`` turns a parallelized block's added time into per-collective rows
+(``runtime.calibrate_tp.per_collective``), and back: the cost model then charges a layer of the
+block's shape what the block measured. Pure arithmetic on the cost model's own counts (the counts
+themselves are checked against a recording of DTensor in tests/runtime/test_calibrate_tp.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from paratrain.cost.tensor_parallel import tp_part_cpu, tp_part_times, tp_parts
+from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, per_collective
+from paratrain.spec.cluster import resolve_cluster
+
+D = 7e-4  # dispatch per module, forward and backward together
+
+
+def _layer(sp: bool, g: int = 2, shape: tuple[int, int] = BLOCK_SHAPES[-1]):
+    seq, batch = shape
+    return tp_parts(_block_spec(g, seq), sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_a_block_without_sequence_parallelism_splits_evenly_over_its_all_reduces(rate: float) -> None:
+    layer = _layer(False)
+    # 6 modules (q, k, v, o, fc1, fc2), 2 all-reduces forward and 4 backward: 6 a + 6 D / r
+    assert layer.modules == 6 and sum(c.count for c in (*layer.forward, *layer.backward)) == 6
+    added = 6 * D / rate + 6 * 2.5e-3
+    assert per_collective(added, layer, D, rate, lambda n: None) == pytest.approx(2.5e-3, rel=1e-12)
+
+
+def test_a_block_with_sequence_parallelism_takes_its_all_reduces_off_at_their_line() -> None:
+    layer = _layer(True)
+    (seq, batch), h = BLOCK_SHAPES[-1], _block_spec(2, BLOCK_SHAPES[-1][0]).hidden
+    act = batch * seq * h * 4
+
+    def line(n: int) -> float:
+        return 1e-3 + n * 1e-9
+
+    # forward 2 all-gathers + 2 reduce-scatters, backward 4 all-reduces of the activation, 2
+    # all-gathers and one all-reduce per norm parameter tensor (2 norms x weight and bias)
+    assert sum(c.count for c in layer.forward) == 4
+    ar = [c for c in layer.backward if c.kind == "all_reduce"]
+    assert sorted((c.nbytes, c.count) for c in ar) == [(h * 4, 4), (act, 4)]
+    y = 1.7e-3
+    added = layer.modules * D + 4 * line(act) + 4 * line(h * 4) + 6 * y
+    assert per_collective(added, layer, D, 1.0, line) == pytest.approx(y, rel=1e-9)
+
+
+def test_a_block_cheaper_than_its_dispatch_gives_no_negative_collective() -> None:
+    assert per_collective(1e-3, _layer(False), D, 1.0, lambda n: None) == 0.0
+
+
+def test_the_cost_model_charges_a_layer_of_the_block_what_the_block_measured() -> None:
+    """Rows from per_collective at every block shape, fed to the cluster: the layer's collectives
+    plus dispatch come back as the block's added time (one group with a core each: r = 1) and
+    its host work as the added CPU."""
+    dev = dataclasses.replace(resolve_cluster("cpu").device, tp_dispatch_forward_s=2e-4, tp_dispatch_backward_s=5e-4)
+    times, cpus, added = [], [], {}
+    for seq, batch in BLOCK_SHAPES:
+        layer = _layer(False, 2, (seq, batch))
+        act = batch * seq * 64 * 4
+        wall, cpu = 9e-3 + act * 2e-8, 6e-3 + act * 1e-8  # added over the local work: lines in bytes
+        added[(seq, batch)] = (layer, wall, cpu)
+        times.append(("all_reduce", 2, act, per_collective(wall, layer, 7e-4, 1.0, lambda n: None)))
+        cpus.append(("all_reduce", 2, act, per_collective(cpu, layer, 7e-4, 1.0, lambda n: None)))
+    cluster = dataclasses.replace(resolve_cluster("cpu", gpus=2), device=dev, measured_collectives=tuple(times),
+                                  collective_cpu_s=tuple(cpus), tensor_parallel="dtensor", cores_per_node=2,
+                                  threads_per_process=1)
+    for layer, wall, cpu in added.values():
+        cf, cb, df, db = tp_part_times(layer, cluster, (0, 1))
+        assert cf + cb + df + db == pytest.approx(wall, rel=1e-9)
+        wf, wb = tp_part_cpu(layer, cluster, (0, 1))
+        assert wf + wb + df + db == pytest.approx(cpu, rel=1e-9)
