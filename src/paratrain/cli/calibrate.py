@@ -254,6 +254,10 @@ def calibrate(
     print(f"kernel overhead (per modelled kernel of tiny Linear+GeLU layers, forward and backward through "
           f"autograd): {device.kernel_overhead_s * 1e6:.1f} us; tiny add {m['small_add_s'] * 1e6:.1f} us, tiny 8x8 "
           f"matmul {m['small_matmul_s'] * 1e6:.1f} us")
+    if "training_gemm_s" in m:
+        t, h, f = VARIATION_SHAPE
+        print(f"training GEMMs ({t} tokens, Linear {h}->{f}->{h}, forward and backward through autograd): "
+              f"GEMM efficiency {device.gemm_efficiency:.3f} of the best square GEMM")
     print(f"duration variation (std / mean of a {VARIATION_SHAPE[0]}x{VARIATION_SHAPE[1]}x{VARIATION_SHAPE[2]} MLP "
           f"forward + backward, back to back): {device.duration_cv:.3f}")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")

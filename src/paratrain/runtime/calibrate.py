@@ -55,6 +55,8 @@ __all__ = [
     "measure_machine",
     "measure_variation",
     "measurement_steps",
+    "training_gemm_efficiency",
+    "training_gemm_shapes",
 ]
 
 # Called before each measurement with (measurements done, measurements in all, what comes next).
@@ -79,6 +81,7 @@ _CPU_STEPS = (
     "tiny add",
     "tiny matmul",
     "kernel overhead",
+    "training GEMMs",
     "duration variation",
 )
 
@@ -187,7 +190,7 @@ def measure_cpu(
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    steps = len(_GEMM_SIZES) + 5
+    steps = len(_GEMM_SIZES) + 6
     timed = _mean_time if sustained else _best_time
     tell = progress or _no_progress
     of = total if total is not None else len(_CPU_STEPS)
@@ -205,7 +208,7 @@ def measure_cpu(
     elems = COPY_BYTES // 4
     src = torch.ones(elems, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 5))
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 6))
     bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
     # bytes the cost model counts for it (paratrain.cost.elementwise: reads + writes of n elements):
@@ -223,12 +226,12 @@ def measure_cpu(
         torch.softmax(x, -1)
         F.layer_norm(x, (128,), w, b)
 
-    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 4))
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 5))
     ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
     x = torch.ones(8)
-    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 3))
+    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 4))
     w = torch.ones(8, 8)
-    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 2))
+    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 3))
     # A training step's per-operator cost includes autograd: recording the graph in the forward,
     # running the backward's nodes. Timed on a chain of tiny Linear + GeLU layers, forward and
     # backward through torch.autograd, divided by the kernels the cost model counts for them
@@ -243,8 +246,21 @@ def measure_cpu(
             h = F.gelu(lin(h), approximate="tanh")
         torch.autograd.grad([h.sum()], leaves)
 
-    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 1))
+    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 2))
     per_kernel = t_chain / (_CHAIN_LAYERS * (3 + 2))
+    # The GEMMs of a training step as autograd runs them: a transformer MLP's two Linear layers
+    # (VARIATION_SHAPE, no activation), forward and backward with the input's gradient. Inside a
+    # step they run slower than the best square GEMM (transposed operands, bias gradients, operands
+    # out of cache): measured here alone, 84-94 GFLOP/s against 98-101. Their rate sets the GEMM
+    # efficiency (training_gemm_efficiency).
+    tokens, hidden, ffn = VARIATION_SHAPE
+    up, down = torch.nn.Linear(hidden, ffn), torch.nn.Linear(ffn, hidden)
+    xt = torch.randn(tokens, hidden, requires_grad=True)
+
+    def train_gemms() -> None:
+        down(up(xt)).sum().backward()
+
+    t_train = timed(train_gemms, repeats=20, deadline=deadline(steps - 1))
     return {
         "gemm_flops_by_size": per_size,
         "peak_fp32_flops": max(per_size.values()),
@@ -254,6 +270,7 @@ def measure_cpu(
         # kernel itself, so dispatch and autograd add to every kernel (kernel_overhead_s) and
         # nothing overlaps them (host_issue_s 0).
         "kernel_overhead_s": per_kernel,
+        "training_gemm_s": t_train,
         "small_add_s": t_small,
         "small_matmul_s": t_small_mm,
         "threads": torch.get_num_threads(),
@@ -445,7 +462,7 @@ def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
         "duration_cv": mean(c["duration_cv"] for c in cpus),
         "threads": threads,
     }
-    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s"):
+    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s"):
         if all(k in c for c in cpus):
             cpu[k] = mean(c[k] for c in cpus)
     if all(c.get("tp_dispatch_per_core") for c in cpus):
@@ -462,8 +479,9 @@ def _memory_bytes() -> int:
 
 
 def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
-    """A ``cpu`` DeviceSpec whose peaks are the measured rates: GEMM efficiency 1; memory
-    efficiency the element-wise kernels' rate over the copy's.
+    """A ``cpu`` DeviceSpec whose peaks are the measured rates (the peak FLOP/s the best square
+    GEMM's); GEMM efficiency what the training GEMMs sustain (:func:`training_gemm_efficiency`; 1
+    in calibrations without them); memory efficiency the element-wise kernels' rate over the copy's.
 
     The rates are those of one process alone on a core: when ``m`` records that ``procs``
     processes of ``threads`` threads measured at once on fewer ``cores`` than threads, each got
@@ -472,7 +490,7 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     share = core_share(int(m.get("procs", 1)), int(m["threads"]), int(m.get("cores", 0))) if m.get("cores") else 1.0
     bw = float(m["memory_bandwidth_Bps"]) / share
     dispatch_share = 1.0 if m.get("tp_dispatch_per_core") else share
-    return dataclasses.replace(
+    device = dataclasses.replace(
         DEVICE_PRESETS["cpu"],
         peak_fp32_flops=float(m["peak_fp32_flops"]) / share,
         memory_bytes=int(_memory_bytes()),
@@ -488,5 +506,34 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * dispatch_share,
         tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * dispatch_share,
     )
+    if "training_gemm_s" not in m:  # older calibrations: GEMMs at the best square GEMM's rate
+        return device
+    return dataclasses.replace(
+        device, gemm_efficiency=training_gemm_efficiency(device, float(m["training_gemm_s"]) * share))
+
+
+def training_gemm_shapes() -> list[tuple[int, int, int]]:
+    """The ``(m, n, k)`` GEMMs of the calibration's training GEMMs (``VARIATION_SHAPE``'s two Linear
+    layers, forward and backward with the input's gradient), as ``cost.compute.op_time_split`` times
+    a weight GEMM: the forward ``(m, n, k)``, the input gradient ``(m, k, n)``, the weight gradient
+    ``(k, n, m)``."""
+    tokens, hidden, ffn = VARIATION_SHAPE
+    out = []
+    for m, n, k in ((tokens, ffn, hidden), (tokens, hidden, ffn)):
+        out += [(m, n, k), (m, k, n), (k, n, m)]
+    return out
+
+
+def training_gemm_efficiency(device: DeviceSpec, seconds: float) -> float:
+    """The GEMM efficiency at which the cost model times the calibration's training GEMMs in
+    ``seconds`` (per core) on ``device``: their FLOPs at the peak and the shape model's efficiency
+    (``cost.gemm``), over the measured time less one kernel overhead per GEMM; at most 1."""
+    from paratrain.cost.gemm import gemm_tile_choice
+
+    shapes = training_gemm_shapes()
+    ideal = sum(2 * m * n * k / (device.peak_fp32_flops * gemm_tile_choice(m, n, k, device, 1, "fp32")[0])
+                for m, n, k in shapes)
+    busy = seconds - len(shapes) * device.kernel_overhead_s
+    return min(1.0, ideal / busy) if busy > 0 else 1.0
 
 
