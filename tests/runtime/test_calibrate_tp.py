@@ -67,8 +67,8 @@ def test_calibration_times_every_kind_and_size_and_the_dispatch(recorded: dict[s
     rows = recorded["measured"]
     kinds = {(kind, group) for kind, group, _, _ in rows}
     assert kinds == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2)}
-    # one row per block shape: T x 64 fp32 per rank
-    assert sorted({nbytes for _, _, nbytes, _ in rows}) == sorted(b * s * 64 * 4 for s, b in BLOCK_SHAPES)
+    # one row per block shape: T x hidden fp32 per rank
+    assert sorted({nbytes for _, _, nbytes, _ in rows}) == sorted(b * s * h * 4 for h, s, b in BLOCK_SHAPES)
     assert all(s >= 0 for *_, s in rows)
     # the block without sequence parallelism costs more than its dispatch: its all-reduces cost time
     assert all(s > 0 for kind, _, _, s in rows if kind == "all_reduce")

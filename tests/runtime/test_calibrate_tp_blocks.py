@@ -16,9 +16,9 @@ from paratrain.spec.cluster import resolve_cluster
 D = 7e-4  # dispatch per module, forward and backward together
 
 
-def _layer(sp: bool, g: int = 2, shape: tuple[int, int] = BLOCK_SHAPES[-1]):
-    seq, batch = shape
-    return tp_parts(_block_spec(g, seq), sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
+def _layer(sp: bool, g: int = 2, shape: tuple[int, int, int] = BLOCK_SHAPES[-1]):
+    hidden, seq, batch = shape
+    return tp_parts(_block_spec(g, hidden, seq), sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
 
 
 @pytest.mark.parametrize("rate", [1.0, 0.5])
@@ -32,7 +32,7 @@ def test_a_block_without_sequence_parallelism_splits_evenly_over_its_all_reduces
 
 def test_a_block_with_sequence_parallelism_takes_its_all_reduces_off_at_their_line() -> None:
     layer = _layer(True)
-    (seq, batch), h = BLOCK_SHAPES[-1], _block_spec(2, BLOCK_SHAPES[-1][0]).hidden
+    h, seq, batch = BLOCK_SHAPES[-1]
     act = batch * seq * h * 4
 
     def line(n: int) -> float:
@@ -52,17 +52,26 @@ def test_a_block_cheaper_than_its_dispatch_gives_no_negative_collective() -> Non
     assert per_collective(1e-3, _layer(False), D, 1.0, lambda n: None) == 0.0
 
 
+def test_the_blocks_split_evenly_and_move_2_KiB_64_KiB_and_512_KiB() -> None:
+    for g in (2, 4, 8, 3, 6):
+        for hidden, seq, _batch in BLOCK_SHAPES:
+            spec = _block_spec(g, hidden, seq)
+            assert spec.heads % g == 0 and spec.hidden % spec.heads == 0 and spec.hidden >= hidden
+            assert spec.seq % g == 0 and spec.seq >= seq
+    assert [b * s * h * 4 for h, s, b in BLOCK_SHAPES] == [2 * 2**10, 64 * 2**10, 512 * 2**10]
+
+
 def test_the_cost_model_charges_a_layer_of_the_block_what_the_block_measured() -> None:
     """Rows from per_collective at every block shape, fed to the cluster: the layer's collectives
     plus dispatch come back as the block's added time (one group with a core each: r = 1) and
     its host work as the added CPU."""
     dev = dataclasses.replace(resolve_cluster("cpu").device, tp_dispatch_forward_s=2e-4, tp_dispatch_backward_s=5e-4)
     times, cpus, added = [], [], {}
-    for seq, batch in BLOCK_SHAPES:
-        layer = _layer(False, 2, (seq, batch))
-        act = batch * seq * 64 * 4
+    for hidden, seq, batch in BLOCK_SHAPES:
+        layer = _layer(False, 2, (hidden, seq, batch))
+        act = batch * seq * hidden * 4
         wall, cpu = 9e-3 + act * 2e-8, 6e-3 + act * 1e-8  # added over the local work: lines in bytes
-        added[(seq, batch)] = (layer, wall, cpu)
+        added[(hidden, seq, batch)] = (layer, wall, cpu)
         times.append(("all_reduce", 2, act, per_collective(wall, layer, 7e-4, 1.0, lambda n: None)))
         cpus.append(("all_reduce", 2, act, per_collective(cpu, layer, 7e-4, 1.0, lambda n: None)))
     cluster = dataclasses.replace(resolve_cluster("cpu", gpus=2), device=dev, measured_collectives=tuple(times),

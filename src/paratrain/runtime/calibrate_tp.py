@@ -26,10 +26,12 @@ from typing import Any
 __all__ = ["BLOCK_SHAPES", "measure_tp_collectives", "measure_tp_dispatch", "per_collective", "tp_group_sizes",
            "trimmed_mean"]
 
-# (sequence, micro-batch) of the blocks timed per group size: hidden 64 in fp32, so each
-# collective moves T x 64 x 4 bytes per rank: 2 KiB, 64 KiB and 512 KiB. The cost model fits a
-# line in bytes through the three (cost.tensor_parallel).
-BLOCK_SHAPES = ((8, 1), (32, 8), (64, 32))
+# (hidden, sequence, micro-batch) of the blocks timed per group size, in fp32: each collective
+# moves T x hidden x 4 bytes per rank, 2 KiB, 64 KiB and 512 KiB. The hidden size grows with the
+# messages, as in the models these hosts train: DTensor's work per layer grows with the weights
+# (hidden²) as well as with the activations. The cost model fits a line in bytes through the three
+# (cost.tensor_parallel).
+BLOCK_SHAPES = ((64, 8, 1), (128, 32, 4), (256, 64, 8))
 _BLOCK_REPEATS = 12
 _DISPATCH_REPEATS = 24
 
@@ -42,13 +44,15 @@ def tp_group_sizes(world: int) -> list[int]:
 Row = tuple[str, int, int, float]
 
 
-def _block_spec(g: int, seq: int) -> Any:
-    """A GPT block whose heads split evenly over ``g`` ranks: hidden 64 and 8 heads when ``g``
-    divides 8, else ``g`` heads of 8."""
+def _block_spec(g: int, hidden: int, seq: int) -> Any:
+    """A GPT block of about ``hidden`` and ``seq`` whose heads and sequence split evenly over ``g``
+    ranks: 8 heads when ``g`` divides 8, else ``g`` heads (the hidden size rounded up to a multiple
+    of them); the sequence rounded up to a multiple of ``g`` (sequence parallelism splits it)."""
     from paratrain.spec.model import resolve_model
 
     heads = 8 if 8 % g == 0 else g
-    hidden = 64 if 8 % g == 0 else 8 * g
+    hidden = -(-hidden // heads) * heads
+    seq = -(-seq // g) * g
     return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden)
 
 
@@ -129,21 +133,21 @@ def measure_tp_collectives(
         for sp in (False, True):  # the all-reduce rows first: the blocks with sequence parallelism use them
             rows_t: list[Row] = []
             rows_c: list[Row] = []
-            for seq, batch in BLOCK_SHAPES:
-                spec = _block_spec(g, seq)
+            for hidden, seq, batch in BLOCK_SHAPES:
+                spec = _block_spec(g, hidden, seq)
                 torch.manual_seed(0)
                 par = parallelize_module(Block(spec, pre_norm=True), mesh,
                                          block_plan(swiglu=False, sequence_parallel=sp))
                 local = _local_block(spec, g)
-                x_par = torch.randn(batch, seq // g if sp else seq, spec.hidden, requires_grad=True)
-                x_local = torch.randn(batch, seq, spec.hidden, requires_grad=True)
+                x_par = torch.randn(batch, spec.seq // g if sp else spec.seq, spec.hidden, requires_grad=True)
+                x_local = torch.randn(batch, spec.seq, spec.hidden, requires_grad=True)
                 cpu = _added(par, x_par, local, x_local, time.process_time, True, statistics.fmean)
                 wall = _added(par, x_par, local, x_local, time.perf_counter, rank < g, trimmed_mean)
                 layer = tp_parts(spec, sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
                 per_cpu = per_collective(cpu, layer, d, 1.0, partial(fit_line, tuple(cpus), "all_reduce", g))
                 per_wall = (per_collective(wall, layer, d, rate, partial(fit_line, tuple(times), "all_reduce", g))
                             if rank < g else 0.0)
-                act = batch * seq * spec.hidden * 4
+                act = batch * spec.seq * spec.hidden * 4
                 for kind in ("all_gather", "reduce_scatter") if sp else ("all_reduce",):
                     rows_t.append((kind, g, act, per_wall))
                     rows_c.append((kind, g, act, per_cpu))
