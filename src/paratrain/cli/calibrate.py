@@ -249,11 +249,8 @@ def calibrate(
         print(f"fp32 GEMM {n}x{n}x{n}: {f / 1e9:.1f} GFLOP/s")
     print(f"memory bandwidth (copy of {COPY_BYTES // 2**20} MiB): {device.memory_bandwidth_Bps / 1e9:.2f} GB/s")
     if "elementwise_Bps" in m:
-        print(f"element-wise kernels (add, softmax, layer norm; {EW_ELEMENTS * 4 // 2**20} "
+        print(f"element-wise kernels (add, GeLU and its backward, softmax, layer norm; {EW_ELEMENTS * 4 // 2**20} "
               f"MiB): {m['elementwise_Bps'] / 1e9:.2f} GB/s = memory efficiency {device.memory_efficiency:.2f}")
-    if "activation_Bps" in m:
-        print(f"activation kernels (tanh-GeLU and its backward; {EW_ELEMENTS * 4 // 2**20} MiB): "
-              f"{m['activation_Bps'] / 1e9:.2f} GB/s = activation efficiency {device.activation_efficiency:.2f}")
     print(f"kernel overhead (per modelled kernel of tiny Linear+GeLU layers, forward and backward through "
           f"autograd): {device.kernel_overhead_s * 1e6:.1f} us; tiny add {m['small_add_s'] * 1e6:.1f} us, tiny 8x8 "
           f"matmul {m['small_matmul_s'] * 1e6:.1f} us")

@@ -316,10 +316,9 @@ def head_ops(
 
 # ----- time --------------------------------------------------------------------------------------
 
-def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: DeviceSpec,
-              memory_efficiency: float | None = None) -> float:
+def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: DeviceSpec) -> float:
     compute = flops / (peak * eff) if flops else 0.0
-    memory = nbytes / (device.memory_bandwidth_Bps * (memory_efficiency or device.memory_efficiency))
+    memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
     return max(compute, memory) + device.kernel_overhead_s
 
 
@@ -346,16 +345,14 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
         d_a = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, k, n, device, op.batch, g), device)
         d_b = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(k, n, m, device, op.batch, g), device)
         return (fwd, d_a, d_b) if op.has_weight else (fwd, d_a + d_b, 0.0)
-    # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway,
-    # activation functions at the device's activation efficiency where it has one.
+    # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway.
     peak = device.peak_fp32_flops
     eff = 1.0
-    mem = device.activation_efficiency if op.activation and device.activation_efficiency > 0 else None
-    fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device, mem)
+    fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device)
     bwd_in_flops = op.bwd_flops - op.bwd_weight_flops
     bwd_in_bytes = op.bwd_bytes - op.bwd_weight_bytes
-    bwd_in = _roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device, mem) if (bwd_in_flops or bwd_in_bytes) else 0.0
-    bwd_w = _roofline(op.bwd_weight_flops, op.bwd_weight_bytes, peak, eff, device, mem) if op.bwd_weight_bytes else 0.0
+    bwd_in = _roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device) if (bwd_in_flops or bwd_in_bytes) else 0.0
+    bwd_w = _roofline(op.bwd_weight_flops, op.bwd_weight_bytes, peak, eff, device) if op.bwd_weight_bytes else 0.0
     return fwd, bwd_in, bwd_w
 
 

@@ -24,7 +24,7 @@ _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al. 2022, s
 def _ew_op(
     name: str, kind: str, n: int, e: int, *, reads: float, writes: float, flops: float,
     bwd_reads: float, bwd_writes: float, extra_fwd: float = 0.0, extra_bwd: float = 0.0, selective: bool = False,
-    kernels: int = 1, bwd_kernels: int = 1, activation: bool = False,
+    kernels: int = 1, bwd_kernels: int = 1,
 ) -> Op:
     """An element-wise op over ``n`` elements reading/writing whole tensors of ``n`` elements.
 
@@ -35,7 +35,7 @@ def _ew_op(
         name=name, kind=kind, fwd_flops=float(flops * n), bwd_flops=float(2 * flops * n),
         fwd_bytes=float((reads + writes) * n * e + extra_fwd),
         bwd_bytes=float((bwd_reads + bwd_writes) * n * e + extra_bwd),
-        recompute_selective=selective, fwd_kernels=kernels, bwd_kernels=bwd_kernels, activation=activation,
+        recompute_selective=selective, fwd_kernels=kernels, bwd_kernels=bwd_kernels,
     )
 
 
@@ -129,18 +129,17 @@ def _activation_ops(model: ModelSpec, n: int, e: int, fused: bool) -> list[Op]:
     if gated and fused:
         # silu(gate)·up: read both halves, write the product; backward reads dy, gate, up, writes both grads.
         return [_ew_op("swiglu", "elementwise", n, e, reads=2, writes=1, flops=_SWIGLU_FLOPS,
-                       bwd_reads=3, bwd_writes=2, activation=True)]
+                       bwd_reads=3, bwd_writes=2)]
     if gated:
         # eager ``silu(w1(x)) * w3(x)``: silu (read 1, write 1) then the product (2, 1); backward: the
         # product's two gradients (dy·up and dy·silu: reads 2 + 2, writes 2; silu(gate) is saved)
         # and silu's (dy and gate, write 1)
         return [_ew_op("swiglu", "elementwise", n, e, reads=3, writes=2, flops=_SWIGLU_FLOPS,
-                       bwd_reads=6, bwd_writes=3, kernels=2, bwd_kernels=3, activation=True)]
+                       bwd_reads=6, bwd_writes=3, kernels=2, bwd_kernels=3)]
     if fused or not model.bias:
         return [_ew_op("bias_gelu" if model.bias else "gelu", "elementwise", n, e, reads=1, writes=1,
-                       flops=_GELU_FLOPS + (1 if model.bias else 0), bwd_reads=2, bwd_writes=1, activation=True)]
+                       flops=_GELU_FLOPS + (1 if model.bias else 0), bwd_reads=2, bwd_writes=1)]
     return [
         _ew_op("fc1_bias", "elementwise", n, e, reads=1, writes=1, flops=1, bwd_reads=1, bwd_writes=0),
-        _ew_op("gelu", "elementwise", n, e, reads=1, writes=1, flops=_GELU_FLOPS, bwd_reads=2, bwd_writes=1,
-               activation=True),
+        _ew_op("gelu", "elementwise", n, e, reads=1, writes=1, flops=_GELU_FLOPS, bwd_reads=2, bwd_writes=1),
     ]

@@ -43,10 +43,6 @@ class Op:
     exec_bwd_flops: float = 0.0
     # Input dtype of a GEMM that differs from the training dtype ("fp8": FP8 linear layers).
     dtype: str | None = None
-    # An activation function's element-wise kernels (GeLU, SiLU): on a device with an
-    # ``activation_efficiency`` they run at that fraction of the memory roofline instead of the
-    # other element-wise kernels' (their transcendental math can bind before the bytes do).
-    activation: bool = False
 
 
 def _gemm_op(

@@ -78,7 +78,6 @@ _CPU_STEPS = (
     *(f"fp32 GEMM {n}x{n}x{n}" for n in _GEMM_SIZES),
     "memory copy",
     "element-wise kernels",
-    "activation kernels",
     "tiny add",
     "tiny matmul",
     "kernel overhead",
@@ -191,7 +190,7 @@ def measure_cpu(
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    steps = len(_GEMM_SIZES) + 7
+    steps = len(_GEMM_SIZES) + 6
     timed = _mean_time if sustained else _best_time
     tell = progress or _no_progress
     of = total if total is not None else len(_CPU_STEPS)
@@ -209,31 +208,26 @@ def measure_cpu(
     elems = COPY_BYTES // 4
     src = torch.ones(elems, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 7))
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 6))
     bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
     # bytes the cost model counts for it (paratrain.cost.elementwise: reads + writes of n elements):
-    # residual add 3, softmax 2, layer norm 2. Their total bytes over their total time is the rate
-    # element-wise kernels sustain, below the copy's (row reductions). The activation function
-    # apart: tanh-GeLU 2 and its backward 3 run slower still on a CPU (transcendental math; 2.7x
-    # the others' time per byte here), so it has its own rate (activation_efficiency).
+    # residual add 3, GeLU (tanh) 2, its backward 3, softmax 2, layer norm 2. Their total bytes over
+    # their total time is the rate element-wise kernels sustain, below the copy's: on a CPU,
+    # transcendental functions and row reductions run slower than the memory system.
     x = torch.randn(EW_ELEMENTS // 128, 128)
     y, g = torch.randn_like(x), torch.randn_like(x)
     w, b = torch.ones(128), torch.zeros(128)
 
     def elementwise() -> None:
         torch.add(x, y)
+        F.gelu(x, approximate="tanh")
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
         torch.softmax(x, -1)
         F.layer_norm(x, (128,), w, b)
 
-    def activation() -> None:
-        F.gelu(x, approximate="tanh")
-        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
-
-    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 6))
-    ew_bandwidth = (3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
-    t_act = timed(activation, repeats=20, deadline=deadline(steps - 5))
-    act_bandwidth = (2 + 3) * 4 * EW_ELEMENTS / t_act
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 5))
+    ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
     x = torch.ones(8)
     t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 4))
     w = torch.ones(8, 8)
@@ -272,7 +266,6 @@ def measure_cpu(
         "peak_fp32_flops": max(per_size.values()),
         "memory_bandwidth_Bps": bandwidth,
         "elementwise_Bps": ew_bandwidth,
-        "activation_Bps": act_bandwidth,
         # The fixed cost of one modelled kernel in a training step: on a CPU the host runs each
         # kernel itself, so dispatch and autograd add to every kernel (kernel_overhead_s) and
         # nothing overlaps them (host_issue_s 0).
@@ -469,7 +462,7 @@ def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
         "duration_cv": mean(c["duration_cv"] for c in cpus),
         "threads": threads,
     }
-    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s", "activation_Bps"):
+    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s"):
         if all(k in c for c in cpus):
             cpu[k] = mean(c[k] for c in cpus)
     if all(c.get("tp_dispatch_per_core") for c in cpus):
@@ -488,8 +481,7 @@ def _memory_bytes() -> int:
 def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     """A ``cpu`` DeviceSpec whose peaks are the measured rates (the peak FLOP/s the best square
     GEMM's); GEMM efficiency what the training GEMMs sustain (:func:`training_gemm_efficiency`; 1
-    in calibrations without them); memory efficiency the element-wise kernels' rate over the copy's,
-    activation efficiency the activation function's (tanh-GeLU forward and backward).
+    in calibrations without them); memory efficiency the element-wise kernels' rate over the copy's.
 
     The rates are those of one process alone on a core: when ``m`` records that ``procs``
     processes of ``threads`` threads measured at once on fewer ``cores`` than threads, each got
@@ -507,8 +499,6 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         gemm_efficiency=1.0,
         # what element-wise kernels sustain relative to the copy (1 when not measured)
         memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw * share)) / share / bw),
-        # older calibrations timed the activation with the other element-wise kernels: 0, as they
-        activation_efficiency=min(1.0, float(m.get("activation_Bps", 0.0)) / share / bw),
         kernel_overhead_s=float(m["kernel_overhead_s"]) * share,
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
         duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),

@@ -79,11 +79,6 @@ class DeviceSpec:
     memory_fragmentation: float = 0.0
     fused_attention: bool = False
     attention_efficiency: float = 0.5
-    # Fraction of the memory roofline an activation function's kernels (GeLU, SiLU) sustain, where
-    # it differs from the other element-wise kernels' ``memory_efficiency``: on a CPU their
-    # transcendental math binds first (`paratrain calibrate` measures it). 0: as the others (GPU
-    # presets, where they are memory-bound).
-    activation_efficiency: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -102,10 +97,6 @@ class DeviceSpec:
             require_positive(f, v)
             if v > 1:
                 raise ConfigError(f, f"must be at most 1, got {v}", "give a fraction of peak in (0, 1]")
-        require_positive("activation_efficiency", self.activation_efficiency, allow_zero=True)
-        if self.activation_efficiency > 1:
-            raise ConfigError("activation_efficiency", f"must be at most 1, got {self.activation_efficiency}",
-                              "give a fraction of the memory roofline in (0, 1], or 0 for memory_efficiency")
         require_positive("kernel_overhead_s", self.kernel_overhead_s, allow_zero=True)
         require_positive("host_issue_s", self.host_issue_s, allow_zero=True)
         require_positive("duration_cv", self.duration_cv, allow_zero=True)
