@@ -16,7 +16,6 @@ backward than its local share of the work where the redistributions and the disp
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -71,18 +70,6 @@ def _local_block(spec: Any, g: int) -> Any:
     return block
 
 
-def _rate(g: int) -> float:
-    """The speed of ``g`` single-threaded processes computing together on this host's cores, as a
-    fraction of one alone on a core (``cost.tensor_parallel.group_rate``)."""
-    import torch
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return min(1.0, cores / (g * torch.get_num_threads()))
-
-
 def measure_tp_collectives(
     rank: int, world: int, dispatch: tuple[float, float], *, progress: Callable[[int, int, str], None] | None = None,
     done: int = 0, total: int | None = None,
@@ -117,6 +104,7 @@ def measure_tp_collectives(
     from torch.distributed.tensor.parallel import parallelize_module
 
     from paratrain.cost.tensor_parallel import fit_line, tp_parts
+    from paratrain.runtime.calibrate import core_share, host_cores  # imports this module: not at its top
     from paratrain.runtime.models.layers import Block
     from paratrain.runtime.tensor_parallel import block_plan
 
@@ -129,7 +117,7 @@ def measure_tp_collectives(
         tell(done + i, of, f"tensor-parallel collectives over {g} processes")
         group, _ = dist.new_subgroups(group_size=g)
         mesh = DeviceMesh.from_group(group, "cpu")
-        rate = _rate(g)
+        rate = core_share(g, torch.get_num_threads(), host_cores())  # one group alone on the host's cores
         for sp in (False, True):  # the all-reduce rows first: the blocks with sequence parallelism use them
             rows_t: list[Row] = []
             rows_c: list[Row] = []
