@@ -207,6 +207,7 @@ def calibrate(
     if procs > 1:
         check_output_path(links, "--out")
     from paratrain.runtime.calibrate import (
+        ATTENTION_SHAPE,
         COPY_BYTES,
         EW_ELEMENTS,
         VARIATION_SHAPE,
@@ -258,6 +259,11 @@ def calibrate(
         t, h, f = VARIATION_SHAPE
         print(f"training GEMMs ({t} tokens, Linear {h}->{f}->{h}, forward and backward through autograd): "
               f"GEMM efficiency {device.gemm_efficiency:.3f} of the best square GEMM")
+    if "attention_s" in m:
+        b, heads, seq, head_dim = ATTENTION_SHAPE
+        print(f"attention (torch SDPA, causal, {b} x {heads} heads x {seq} tokens x {head_dim}, forward and backward "
+              f"through autograd): {m['attention_s'] * 1e3:.2f} ms = attention efficiency "
+              f"{device.attention_efficiency:.3f} (fused attention)")
     print(f"duration variation (std / mean of a {VARIATION_SHAPE[0]}x{VARIATION_SHAPE[1]}x{VARIATION_SHAPE[2]} MLP "
           f"forward + backward, back to back): {device.duration_cv:.3f}")
     print(f"threads: {device.sm_count}; memory: {device.memory_bytes / 2**30:.1f} GiB")

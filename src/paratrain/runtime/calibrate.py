@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
 from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch, tp_group_sizes
 from paratrain.runtime.forkserver import forked_workers, worker_started
@@ -73,6 +74,8 @@ _COMM_BUDGET_S = 2.5
 _SUSTAINED_BUDGET_S = 3.0  # long enough to average over the scheduler's time slices (milliseconds)
 _VARIATION_BUDGET_S = 2.5  # ~100 calls of the ~25 ms step below on a 2-core machine
 VARIATION_SHAPE = (512, 256, 1024)  # tokens, hidden, FFN: a small transformer MLP's forward + backward
+# micro-batch, heads, sequence, head size: the attention of that MLP's layer (512 tokens, hidden 256)
+ATTENTION_SHAPE = (4, 4, 128, 64)
 # What the progress callback names before each measurement, in order.
 _CPU_STEPS = (
     *(f"fp32 GEMM {n}x{n}x{n}" for n in _GEMM_SIZES),
@@ -82,6 +85,7 @@ _CPU_STEPS = (
     "tiny matmul",
     "kernel overhead",
     "training GEMMs",
+    "attention",
     "duration variation",
 )
 
@@ -190,7 +194,7 @@ def measure_cpu(
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    steps = len(_GEMM_SIZES) + 6
+    steps = len(_GEMM_SIZES) + 7
     timed = _mean_time if sustained else _best_time
     tell = progress or _no_progress
     of = total if total is not None else len(_CPU_STEPS)
@@ -208,7 +212,7 @@ def measure_cpu(
     elems = COPY_BYTES // 4
     src = torch.ones(elems, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 6))
+    t_copy = timed(lambda: dst.copy_(src), repeats=6, deadline=deadline(steps - 7))
     bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
     # bytes the cost model counts for it (paratrain.cost.elementwise: reads + writes of n elements):
@@ -226,12 +230,12 @@ def measure_cpu(
         torch.softmax(x, -1)
         F.layer_norm(x, (128,), w, b)
 
-    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 5))
+    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 6))
     ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
     x = torch.ones(8)
-    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 4))
+    t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 5))
     w = torch.ones(8, 8)
-    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 3))
+    t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 4))
     # A training step's per-operator cost includes autograd: recording the graph in the forward,
     # running the backward's nodes. Timed on a chain of tiny Linear + GeLU layers, forward and
     # backward through torch.autograd, divided by the kernels the cost model counts for them
@@ -246,7 +250,7 @@ def measure_cpu(
             h = F.gelu(lin(h), approximate="tanh")
         torch.autograd.grad([h.sum()], leaves)
 
-    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 2))
+    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 3))
     per_kernel = t_chain / (_CHAIN_LAYERS * (3 + 2))
     # The GEMMs of a training step as autograd runs them: a transformer MLP's two Linear layers
     # (VARIATION_SHAPE, no activation), forward and backward with the input's gradient. Inside a
@@ -260,7 +264,18 @@ def measure_cpu(
     def train_gemms() -> None:
         down(up(xt)).sum().backward()
 
-    t_train = timed(train_gemms, repeats=20, deadline=deadline(steps - 1))
+    t_train = timed(train_gemms, repeats=20, deadline=deadline(steps - 2))
+    # The attention of that layer as the runtime runs it (runtime.models.layers: torch's SDPA,
+    # causal; on a CPU its fused flash-attention kernels), forward and backward through autograd.
+    # Its rate sets the attention efficiency (training_attention_efficiency).
+    q, k, v = (torch.randn(*ATTENTION_SHAPE, requires_grad=True) for _ in range(3))
+    d_out = torch.randn(*ATTENTION_SHAPE)
+
+    def train_attention() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad([out], [q, k, v], [d_out])
+
+    t_attention = timed(train_attention, repeats=20, deadline=deadline(steps - 1))
     return {
         "gemm_flops_by_size": per_size,
         "peak_fp32_flops": max(per_size.values()),
@@ -271,6 +286,7 @@ def measure_cpu(
         # nothing overlaps them (host_issue_s 0).
         "kernel_overhead_s": per_kernel,
         "training_gemm_s": t_train,
+        "attention_s": t_attention,
         "small_add_s": t_small,
         "small_matmul_s": t_small_mm,
         "threads": torch.get_num_threads(),
@@ -462,7 +478,7 @@ def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
         "duration_cv": mean(c["duration_cv"] for c in cpus),
         "threads": threads,
     }
-    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s"):
+    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s", "attention_s"):
         if all(k in c for c in cpus):
             cpu[k] = mean(c[k] for c in cpus)
     if all(c.get("tp_dispatch_per_core") for c in cpus):
@@ -481,7 +497,9 @@ def _memory_bytes() -> int:
 def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
     """A ``cpu`` DeviceSpec whose peaks are the measured rates (the peak FLOP/s the best square
     GEMM's); GEMM efficiency what the training GEMMs sustain (:func:`training_gemm_efficiency`; 1
-    in calibrations without them); memory efficiency the element-wise kernels' rate over the copy's.
+    in calibrations without them); memory efficiency the element-wise kernels' rate over the copy's;
+    fused attention at the rate torch's SDPA sustains (:func:`training_attention_efficiency`;
+    calibrations without that measurement keep the explicit ``s×s`` kernels).
 
     The rates are those of one process alone on a core: when ``m`` records that ``procs``
     processes of ``threads`` threads measured at once on fewer ``cores`` than threads, each got
@@ -506,10 +524,13 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * dispatch_share,
         tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * dispatch_share,
     )
-    if "training_gemm_s" not in m:  # older calibrations: GEMMs at the best square GEMM's rate
-        return device
-    return dataclasses.replace(
-        device, gemm_efficiency=training_gemm_efficiency(device, float(m["training_gemm_s"]) * share))
+    if "training_gemm_s" in m:  # older calibrations: GEMMs at the best square GEMM's rate
+        device = dataclasses.replace(
+            device, gemm_efficiency=training_gemm_efficiency(device, float(m["training_gemm_s"]) * share))
+    if "attention_s" in m:  # older calibrations: the explicit s x s kernels, as they were read then
+        device = dataclasses.replace(device, fused_attention=True, attention_efficiency=training_attention_efficiency(
+            device, float(m["attention_s"]) * share))
+    return device
 
 
 def training_gemm_shapes() -> list[tuple[int, int, int]]:
@@ -537,3 +558,32 @@ def training_gemm_efficiency(device: DeviceSpec, seconds: float) -> float:
     return min(1.0, ideal / busy) if busy > 0 else 1.0
 
 
+
+
+def reference_attention_op() -> Op:
+    """The fused attention operator the cost model charges for ``ATTENTION_SHAPE`` (a causal GPT
+    layer's attention on one rank, ``cost.compute``'s flash operator)."""
+    from paratrain.cost.compute import layer_ops
+    from paratrain.spec.model import resolve_model
+
+    b, heads, seq, head_dim = ATTENTION_SHAPE
+    model = dataclasses.replace(resolve_model("gpt-tiny"), hidden=heads * head_dim, heads=heads, seq=seq,
+                                ffn=4 * heads * head_dim, dtype="fp32")
+    (op,) = [o for o in layer_ops(model, microbatch=b, attention="flash") if o.attention_shape is not None]
+    return op
+
+
+def training_attention_efficiency(device: DeviceSpec, seconds: float) -> float:
+    """The attention efficiency at which the cost model times the calibration's attention
+    (:func:`reference_attention_op`, forward and backward) in ``seconds`` (per core) on ``device``:
+    with efficiency 1 its kernels' compute time, over the measured time less their overheads
+    (``cost.compute.op_time_split``: one kernel forward, ``bwd_kernels`` backward); at most 1.
+    CPU attention at these sizes is compute-bound, so the time is inversely proportional to it."""
+    from paratrain.cost.compute import op_time_split
+
+    op = reference_attention_op()
+    ideal = dataclasses.replace(device, attention_efficiency=1.0)
+    overhead = (1 + op.bwd_kernels) * device.kernel_overhead_s
+    fwd, bwd, _ = op_time_split(op, ideal, "fp32")
+    busy = seconds - overhead
+    return min(1.0, (fwd + bwd - overhead) / busy) if busy > 0 else 1.0

@@ -1,0 +1,63 @@
+"""Fused attention on the ``cpu`` device: the runtime's layers call torch's SDPA, which runs its
+flash-attention kernels on a CPU, so ``paratrain calibrate`` times SDPA (causal, forward and
+backward through autograd) and the device gets fused attention at the rate measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from paratrain.cost.compute import default_attention, op_time_split
+from paratrain.cost.gemm import gemm_tile_choice
+from paratrain.runtime.calibrate import (
+    ATTENTION_SHAPE,
+    device_from_measurement,
+    reference_attention_op,
+    training_attention_efficiency,
+)
+
+MEASURED = {"peak_fp32_flops": 100e9, "gemm_flops_by_size": {512: 100e9}, "memory_bandwidth_Bps": 10e9,
+            "elementwise_Bps": 5e9, "kernel_overhead_s": 10e-6, "small_add_s": 1e-6, "small_matmul_s": 2e-6,
+            "duration_cv": 0.05, "threads": 1}
+
+
+def _compute_s(device) -> float:
+    """Closed form of the reference attention at efficiency 1: a causal kernel executes half of
+    ``4·b·a·s²·d`` FLOPs forward and 2.5 times that backward (FlashAttention-2), at the peak times
+    the tile efficiency of ``b·a`` blocks of ``s×s×d``."""
+    b, a, s, d = ATTENTION_SHAPE
+    executed = 0.5 * 4 * b * a * s * s * d
+    tile = gemm_tile_choice(s, s, d, device, b * a, "fp32")[0]
+    return 3.5 * executed / (device.peak_fp32_flops * tile)
+
+
+def test_the_reference_operator_is_the_causal_flash_kernel_of_the_shape() -> None:
+    b, a, s, d = ATTENTION_SHAPE
+    op = reference_attention_op()
+    assert op.attention_shape == (s, s, d) and op.batch == b * a
+    assert op.fwd_flops == 4 * b * a * s * s * d
+    assert op.exec_fwd_flops == op.fwd_flops / 2 and op.exec_bwd_flops == 2.5 * op.exec_fwd_flops
+
+
+@pytest.mark.parametrize("procs_cores", [(1, 0), (4, 2)])
+def test_the_model_times_the_attention_as_measured(procs_cores: tuple[int, int]) -> None:
+    procs, cores = procs_cores
+    base = device_from_measurement({**MEASURED, "procs": procs, "cores": cores})
+    share = 0.5 if cores else 1.0
+    overheads = 4 * base.kernel_overhead_s  # one kernel forward, three backward
+    per_core = 2 * _compute_s(base) + overheads  # attention at half the peak's rate
+    dev = device_from_measurement({**MEASURED, "procs": procs, "cores": cores, "attention_s": per_core / share})
+    assert dev.fused_attention and default_attention(dev) == "flash"
+    assert dev.attention_efficiency == pytest.approx(0.5, rel=1e-9)
+    fwd, bwd, weight = op_time_split(reference_attention_op(), dev, "fp32")
+    assert weight == 0.0 and fwd + bwd == pytest.approx(per_core, rel=1e-9)
+
+
+def test_calibrations_without_the_measurement_keep_the_explicit_kernels() -> None:
+    dev = device_from_measurement(MEASURED)
+    assert not dev.fused_attention and default_attention(dev) == "math"
+
+
+def test_attention_faster_than_the_model_allows_caps_the_efficiency_at_one() -> None:
+    base = device_from_measurement(MEASURED)
+    assert training_attention_efficiency(base, 0.5 * _compute_s(base)) == 1.0
+    assert training_attention_efficiency(base, 1e-6) == 1.0  # less than the kernels' overhead: no figure
