@@ -520,6 +520,7 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         kernel_overhead_s=float(m["kernel_overhead_s"]) * share,
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
         duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
+        fused_attention=False,  # until measured below: older calibrations were read with the s x s kernels
         # measured on the CPU clock (per core already), or by the wall in older calibrations
         tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * dispatch_share,
         tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * dispatch_share,

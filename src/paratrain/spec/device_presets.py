@@ -172,6 +172,10 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         gemm_efficiency=1.0,
         memory_efficiency=1.0,
         kernel_overhead_s=10e-6,
+        # torch's SDPA runs fused flash-attention kernels on a CPU too; 0.43-0.58 of the best GEMM's
+        # rate in `paratrain calibrate --procs 4 --threads 1` on a 2-core x86 host (2026-11-25)
+        fused_attention=True,
+        attention_efficiency=0.45,
     ),
 }
 
