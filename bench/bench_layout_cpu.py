@@ -115,17 +115,20 @@ def worker(a: argparse.Namespace) -> None:
     trainer = Trainer(ctx, bl._spec(a), train)
     trainer.train_step(0)  # warm-up
     spans.clear()
-    walls, t0 = [], os.times()
+    walls, t0, main0 = [], os.times(), time.thread_time()
     for step in range(1, a.steps + 1):
         w0 = time.perf_counter()
         trainer.train_step(step)
         walls.append(time.perf_counter() - w0)
     t1 = os.times()
+    main_cpu = (time.thread_time() - main0) / a.steps
     cpu = (t1.user - t0.user + t1.system - t0.system) / a.steps
+    system = (t1.system - t0.system) / a.steps
     per_step = {k: [v / a.steps for v in row] for k, row in spans.items()}
     counts = _record_collectives(lambda: trainer.train_step(a.steps + 1), current)
     rows: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(rows, {"rank": ctx.rank, "step_s": walls, "cpu_s": cpu, "spans": per_step,
+    dist.all_gather_object(rows, {"rank": ctx.rank, "step_s": walls, "cpu_s": cpu, "system_s": system,
+                                  "main_thread_s": main_cpu, "spans": per_step,
                                   "collectives": counts})
     if ctx.rank == 0:
         (out / "result.json").write_text(json.dumps(rows))
@@ -153,7 +156,8 @@ def main() -> None:
     print(f"{a.layout}: {a.steps} step(s) after a warm-up, per rank and step (seconds)")
     for r in rows:
         steps = " ".join(f"{s:.3f}" for s in r["step_s"])
-        print(f"rank {r['rank']}: step {steps}; CPU {r['cpu_s']:.3f}")
+        print(f"rank {r['rank']}: step {steps}; CPU {r['cpu_s']:.3f} (in the kernel {r['system_s']:.3f}; "
+              f"main thread {r['main_thread_s']:.3f}, other threads {r['cpu_s'] - r['main_thread_s']:.3f})")
         for name, (wall, proc, main_cpu, waits_s, waits) in r["spans"].items():
             print(f"  {name:<7} wall {wall:7.3f}  CPU {proc:6.3f}  main thread {main_cpu:6.3f}  "
                   f"other threads {proc - main_cpu:6.3f}  waits {waits:5.0f} taking {waits_s:6.3f}")

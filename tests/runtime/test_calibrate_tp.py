@@ -19,7 +19,7 @@ from tests.runtime import forkrun
 
 from paratrain.cost.tensor_parallel import tp_parts
 from paratrain.runtime.calibrate import measurement_steps
-from paratrain.runtime.calibrate_tp import BLOCK_SHAPES
+from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, block_part
 from paratrain.spec.model import from_document
 
 HARNESS = Path(__file__).with_name("tp_comm_harness.py")
@@ -61,6 +61,20 @@ def _expected(case: str, phase: str) -> Counter:
 def test_dtensor_issues_what_the_cost_model_counts(recorded: dict[str, Any], case: str, phase: str) -> None:
     issued = Counter((kind, nbytes) for kind, nbytes in recorded["issued"][case][phase])
     assert issued == _expected(case, phase)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_calibration_block_issues_what_block_part_counts(recorded: dict[str, Any], sp: bool) -> None:
+    """The bare block leaves its norms' gradients partial (no runtime hooks): with sequence
+    parallelism it issues the layer's collectives less the norm-gradient all-reduces."""
+    hidden, seq, batch = BLOCK_SHAPES[0]
+    part = block_part(_block_spec(2, hidden, seq), sp, batch)
+    for phase in ("forward", "backward"):
+        issued = Counter((kind, nbytes) for kind, nbytes in recorded["issued"][f"block{'-sp' if sp else ''}"][phase])
+        expected: Counter = Counter()
+        for c in getattr(part, phase):
+            expected[(c.kind, c.nbytes)] += c.count
+        assert issued == expected
 
 
 def test_calibration_times_every_kind_and_size_and_the_dispatch(recorded: dict[str, Any]) -> None:

@@ -6,11 +6,12 @@ themselves are checked against a recording of DTensor in tests/runtime/test_cali
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 
-from paratrain.cost.tensor_parallel import tp_part_cpu, tp_part_times, tp_parts
-from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, per_collective
+from paratrain.cost.tensor_parallel import fit_line, tp_part_cpu, tp_part_times, tp_parts
+from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, block_part, per_collective
 from paratrain.spec.cluster import resolve_cluster
 
 D = 7e-4  # dispatch per module, forward and backward together
@@ -31,21 +32,24 @@ def test_a_block_without_sequence_parallelism_splits_evenly_over_its_all_reduces
 
 
 def test_a_block_with_sequence_parallelism_takes_its_all_reduces_off_at_their_line() -> None:
-    layer = _layer(True)
     h, seq, batch = BLOCK_SHAPES[-1]
     act = batch * seq * h * 4
+    part = block_part(_block_spec(2, h, seq), True, batch)
 
     def line(n: int) -> float:
         return 1e-3 + n * 1e-9
 
-    # forward 2 all-gathers + 2 reduce-scatters, backward 4 all-reduces of the activation, 2
-    # all-gathers and one all-reduce per norm parameter tensor (2 norms x weight and bias)
-    assert sum(c.count for c in layer.forward) == 4
-    ar = [c for c in layer.backward if c.kind == "all_reduce"]
-    assert sorted((c.nbytes, c.count) for c in ar) == [(h * 4, 4), (act, 4)]
+    # forward 2 all-gathers + 2 reduce-scatters, backward 4 all-reduces of the activation and 2
+    # all-gathers; the layer's norm-gradient all-reduces (one per norm parameter tensor) are the
+    # runtime's hooks', which the bare block does not have
+    assert sum(c.count for c in part.forward) == 4
+    assert sorted((c.nbytes, c.count) for c in part.backward if c.kind == "all_reduce") == [(act, 4)]
+    layer = _layer(True)
+    assert sorted((c.nbytes, c.count) for c in layer.backward if c.kind == "all_reduce") == [(h * 4, 4), (act, 4)]
+    assert part.modules == layer.modules and part.forward == layer.forward
     y = 1.7e-3
-    added = layer.modules * D + 4 * line(act) + 4 * line(h * 4) + 6 * y
-    assert per_collective(added, layer, D, 1.0, line) == pytest.approx(y, rel=1e-9)
+    added = part.modules * D + 4 * line(act) + 6 * y
+    assert per_collective(added, part, D, 1.0, line) == pytest.approx(y, rel=1e-9)
 
 
 def test_a_block_cheaper_than_its_dispatch_gives_no_negative_collective() -> None:
@@ -82,3 +86,30 @@ def test_the_cost_model_charges_a_layer_of_the_block_what_the_block_measured() -
         assert cf + cb + df + db == pytest.approx(wall, rel=1e-9)
         wf, wb = tp_part_cpu(layer, cluster, (0, 1))
         assert wf + wb + df + db == pytest.approx(cpu, rel=1e-9)
+
+
+def test_with_sequence_parallelism_the_model_adds_the_norm_gradients_to_what_the_block_measured() -> None:
+    """Rows from both blocks at every shape: a layer with sequence parallelism is charged what its
+    block measured plus its norms' gradient all-reduces at the all-reduce line (the hooks' work in
+    a training step, absent from the bare block)."""
+    dev = dataclasses.replace(resolve_cluster("cpu").device, tp_dispatch_forward_s=2e-4, tp_dispatch_backward_s=5e-4)
+    d = 7e-4
+    rows: list = []
+    added = {}
+    for sp in (False, True):
+        for hidden, seq, batch in BLOCK_SHAPES:
+            spec = _block_spec(2, hidden, seq)
+            part = block_part(spec, sp, batch)
+            act = batch * seq * hidden * 4
+            wall = (9e-3 if not sp else 14e-3) + act * 2e-8
+            per = per_collective(wall, part, d, 1.0, partial(fit_line, tuple(rows), "all_reduce", 2))
+            added[(sp, hidden, seq, batch)] = wall
+            rows += [(k, 2, act, per) for k in (("all_gather", "reduce_scatter") if sp else ("all_reduce",))]
+    cluster = dataclasses.replace(resolve_cluster("cpu", gpus=2), device=dev, measured_collectives=tuple(rows),
+                                  tensor_parallel="dtensor", cores_per_node=2, threads_per_process=1)
+    for hidden, seq, batch in BLOCK_SHAPES:
+        layer = _layer(True, 2, (hidden, seq, batch))
+        norms = sum(c.count * fit_line(tuple(rows), "all_reduce", 2, c.nbytes)
+                    for c in layer.backward if c.kind == "all_reduce" and c.nbytes == hidden * 4)
+        cf, cb, df, db = tp_part_times(layer, cluster, (0, 1))
+        assert cf + cb + df + db == pytest.approx(added[(True, hidden, seq, batch)] + norms, rel=1e-9)

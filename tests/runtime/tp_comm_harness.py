@@ -5,7 +5,8 @@ OUT.json``. For each model of ``MODELS`` (a GPT and a Llama-like model, sequence
 and on) it applies the runtime's tensor parallelism (``apply_tensor_parallel``) and records every
 functional collective of one micro-batch's forward and backward (loss included, as the step loop
 runs them) with a dispatch mode: its kind and its bytes per rank (the input of an all-reduce or a
-reduce-scatter, the output of an all-gather). Then it runs the calibration's tensor-parallel
+reduce-scatter, the output of an all-gather), and those of the calibration's bare block (without
+and with sequence parallelism). Then it runs the calibration's tensor-parallel
 measurements (``measure_tp_collectives``, ``measure_tp_dispatch``) once. Rank 0 writes
 ``{"issued": {case: {"forward": [[kind, bytes], ...], "backward": [...]}}, "measured": [...],
 "dispatch": [forward_s, backward_s], "collective_cpu": [...]}``.
@@ -21,10 +22,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import parallelize_module
 
-from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch
+from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, measure_tp_collectives, measure_tp_dispatch
 from paratrain.runtime.models import TransformerLM, build_model
-from paratrain.runtime.tensor_parallel import apply_tensor_parallel, loss_context
+from paratrain.runtime.models.layers import Block
+from paratrain.runtime.tensor_parallel import apply_tensor_parallel, block_plan, loss_context
 from paratrain.spec.model import from_document
 
 GPT = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "vocab": 64, "dtype": "fp32", "name": "gpt"}
@@ -74,6 +77,17 @@ def main() -> None:
             with Recorder() as bwd, loss_context(world):
                 loss.backward()
             issued[f"{name}{'-sp' if sp else ''}"] = {"forward": fwd.calls, "backward": bwd.calls}
+    # the calibration's bare block (no runtime gradient hooks), as measure_tp_collectives runs it
+    hidden, seq, batch = BLOCK_SHAPES[0]
+    spec = _block_spec(world, hidden, seq)
+    for sp in (False, True):
+        block = parallelize_module(Block(spec, pre_norm=True), mesh, block_plan(swiglu=False, sequence_parallel=sp))
+        x = torch.randn(batch, spec.seq // world if sp else spec.seq, spec.hidden, requires_grad=True)
+        with Recorder() as fwd:
+            out = block(x)
+        with Recorder() as bwd:
+            out.sum().backward()
+        issued[f"block{'-sp' if sp else ''}"] = {"forward": fwd.calls, "backward": bwd.calls}
     dispatch = measure_tp_dispatch()
     measured, collective_cpu = measure_tp_collectives(rank, world, dispatch)
     if rank == 0:

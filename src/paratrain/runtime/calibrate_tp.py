@@ -55,6 +55,21 @@ def _block_spec(g: int, hidden: int, seq: int) -> Any:
     return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden)
 
 
+def block_part(spec: Any, sequence_parallel: bool, batch: int) -> Any:
+    """The collectives and modules of one calibration block (a ``cost.tensor_parallel.TPPart``):
+    the layer's as ``tp_parts`` counts them, less the norms' gradient all-reduces. Those are
+    issued by the runtime's gradient hooks (``runtime.tensor_parallel``: a replicated parameter's
+    partial gradient is reduced when it is accumulated); the bare block parallelized here has none,
+    so its norms' gradients stay partial sums and it issues only the activations' collectives
+    (recorded in tests/runtime/test_calibrate_tp.py)."""
+    from paratrain.cost.tensor_parallel import tp_parts
+
+    layer = tp_parts(spec, sequence_parallel=sequence_parallel, microbatch=batch, dtype="fp32")["layer"]
+    act = batch * spec.seq * spec.hidden * 4
+    backward = tuple(c for c in layer.backward if c.kind != "all_reduce" or c.nbytes == act)
+    return dataclasses.replace(layer, backward=backward)
+
+
 def _local_block(spec: Any, g: int) -> Any:
     """One tensor-parallel rank's share of a block's work without DTensor: the same block with
     its column-parallel linear layers ``1/g`` as wide and its row-parallel ones ``1/g`` as deep."""
@@ -81,7 +96,7 @@ def measure_tp_collectives(
     its work run without DTensor (:func:`_local_block`), forward and backward (interleaved, so that
     both see the same load). What the parallel block costs beyond its share of the work is
     DTensor's dispatch per module (``dispatch``: per-core CPU seconds forward and backward, from
-    :func:`measure_tp_dispatch`) plus its collectives, as ``cost.tensor_parallel.tp_parts`` counts
+    :func:`measure_tp_dispatch`) plus its collectives, as :func:`block_part` counts
     them; per collective:
 
     - *time*: one group alone (the other ranks wait in a barrier, which takes no core: gloo
@@ -94,16 +109,17 @@ def measure_tp_collectives(
 
     The block without sequence parallelism issues all-reduces only (2 forward, 4 backward): its
     figure per collective is the ``all_reduce`` row at its message size. The one with sequence
-    parallelism issues all-gathers and reduce-scatters (and the backward's all-reduces, taken off
-    with the ``all_reduce`` line of the same group size): its figure per collective is both the
-    ``all_gather`` and the ``reduce_scatter`` row. Returns ``(times, cpus)``, rows
+    parallelism issues all-gathers and reduce-scatters (and the backward's 4 all-reduces of the
+    activation, taken off with the ``all_reduce`` line of the same group size; no norm-gradient
+    all-reduces, :func:`block_part`): its figure per collective is both the ``all_gather`` and the
+    ``reduce_scatter`` row. Returns ``(times, cpus)``, rows
     ``(kind, g, bytes, seconds)``; every rank must call it."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from paratrain.cost.tensor_parallel import fit_line, tp_parts
+    from paratrain.cost.tensor_parallel import fit_line
     from paratrain.runtime.calibrate import core_share, host_cores  # imports this module: not at its top
     from paratrain.runtime.models.layers import Block
     from paratrain.runtime.tensor_parallel import block_plan
@@ -131,7 +147,7 @@ def measure_tp_collectives(
                 x_local = torch.randn(batch, spec.seq, spec.hidden, requires_grad=True)
                 cpu = _added(par, x_par, local, x_local, time.process_time, True, statistics.fmean)
                 wall = _added(par, x_par, local, x_local, time.perf_counter, rank < g, trimmed_mean)
-                layer = tp_parts(spec, sequence_parallel=sp, microbatch=batch, dtype="fp32")["layer"]
+                layer = block_part(spec, sp, batch)
                 per_cpu = per_collective(cpu, layer, d, 1.0, partial(fit_line, tuple(cpus), "all_reduce", g))
                 per_wall = (per_collective(wall, layer, d, rate, partial(fit_line, tuple(times), "all_reduce", g))
                             if rank < g else 0.0)
