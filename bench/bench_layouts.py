@@ -108,27 +108,30 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def _gemm_rate(seconds: float = 1.0) -> float:
-    """FLOP/s of back-to-back fp32 512x512x512 GEMMs on this process for ``seconds`` (every process
-    at once, as ``paratrain calibrate`` measures its GEMM rate): the host's speed at that moment."""
+    """FLOP/s per core of CPU of back-to-back fp32 512x512x512 GEMMs on this process for
+    ``seconds`` of wall time: the host's speed at that moment. On the thread's CPU clock, so the
+    figure does not depend on how the four processes overlap (they start and stop at different
+    moments; by the wall, a process alone on a core for part of the window looked up to 67 %
+    faster than its share)."""
     import torch
 
     x, y = torch.randn(512, 512), torch.randn(512, 512)
     x @ y
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
     while time.perf_counter() - t0 < seconds:
         x @ y
         n += 1
-    return 2 * 512**3 * n / (time.perf_counter() - t0)
+    return 2 * 512**3 * n / (time.thread_time() - c0)
 
 
-def host_drift(calibrated_per_core: float, rates: list[list[float]], cores_share: float) -> str:
-    """How fast the host ran GEMMs before and after training, per core, against the calibration's
-    per-core rate: a host whose speed moved between the calibration and the runs (another virtual
-    machine on the same cores, frequency scaling: neither shows inside this one) makes the
-    comparison meaningless however good the model is."""
-    before = statistics.fmean(r[0] for r in rates) / cores_share
-    after = statistics.fmean(r[-1] for r in rates) / cores_share
-    return (f"host speed (fp32 GEMM per core, every process at once): calibration (its best size) "
+def host_drift(calibrated_per_core: float, rates: list[list[float]]) -> str:
+    """How fast the host ran GEMMs before and after training, per core (:func:`_gemm_rate`),
+    against the calibration's per-core rate: a host whose speed moved between the calibration and
+    the runs (another virtual machine on the same cores, frequency scaling: neither shows inside
+    this one) makes the comparison meaningless however good the model is."""
+    before = statistics.fmean(r[0] for r in rates)
+    after = statistics.fmean(r[-1] for r in rates)
+    return (f"host speed (fp32 GEMM per core of CPU, every process at once): calibration (its best size) "
             f"{calibrated_per_core / 1e9:.1f}, before the runs {before / 1e9:.1f}, after them {after / 1e9:.1f} "
             f"GFLOP/s "
             f"({before / calibrated_per_core - 1:+.0%} and {after / calibrated_per_core - 1:+.0%})")
@@ -333,10 +336,7 @@ def main() -> None:
           f"than every step of the other): {agree} of the {pairs} pairs the measurement orders are predicted in "
           f"that order; ranking {'equals' if agree == pairs else 'differs from'} the measured one up to ties")
     print(load.verdict())
-    from paratrain.runtime.calibrate import core_share
-
-    share = core_share(4, cluster.threads_per_process, cluster.cores_per_node) if cluster.cores_per_node else 1.0
-    print(host_drift(cluster.device.peak_fp32_flops, gemm, share))
+    print(host_drift(cluster.device.peak_fp32_flops, gemm))
 
 
 if __name__ == "__main__":
