@@ -525,10 +525,12 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         tp_dispatch_forward_s=float(m.get("tp_dispatch_forward_s", 0.0)) * dispatch_share,
         tp_dispatch_backward_s=float(m.get("tp_dispatch_backward_s", 0.0)) * dispatch_share,
     )
-    if "training_gemm_s" in m:  # older calibrations: GEMMs at the best square GEMM's rate
+    # Older calibrations lack these: GEMMs at the best square GEMM's rate, the explicit s x s
+    # attention kernels, as they were read when they were made.
+    if "training_gemm_s" in m:
         device = dataclasses.replace(
             device, gemm_efficiency=training_gemm_efficiency(device, float(m["training_gemm_s"]) * share))
-    if "attention_s" in m:  # older calibrations: the explicit s x s kernels, as they were read then
+    if "attention_s" in m:
         device = dataclasses.replace(device, fused_attention=True, attention_efficiency=training_attention_efficiency(
             device, float(m["attention_s"]) * share))
     return device
@@ -557,8 +559,6 @@ def training_gemm_efficiency(device: DeviceSpec, seconds: float) -> float:
                 for m, n, k in shapes)
     busy = seconds - len(shapes) * device.kernel_overhead_s
     return min(1.0, ideal / busy) if busy > 0 else 1.0
-
-
 
 
 def reference_attention_op() -> Op:
