@@ -45,6 +45,7 @@ from paratrain.spec.device import DeviceSpec
 from paratrain.spec.device_presets import DEVICE_PRESETS
 
 __all__ = [
+    "ATTENTION_SHAPE",
     "COPY_BYTES",
     "EW_ELEMENTS",
     "VARIATION_SHAPE",
@@ -56,6 +57,8 @@ __all__ = [
     "measure_machine",
     "measure_variation",
     "measurement_steps",
+    "reference_attention_op",
+    "training_attention_efficiency",
     "training_gemm_efficiency",
     "training_gemm_shapes",
 ]
@@ -577,14 +580,14 @@ def reference_attention_op() -> Op:
 def training_attention_efficiency(device: DeviceSpec, seconds: float) -> float:
     """The attention efficiency at which the cost model times the calibration's attention
     (:func:`reference_attention_op`, forward and backward) in ``seconds`` (per core) on ``device``:
-    with efficiency 1 its kernels' compute time, over the measured time less their overheads
-    (``cost.compute.op_time_split``: one kernel forward, ``bwd_kernels`` backward); at most 1.
-    CPU attention at these sizes is compute-bound, so the time is inversely proportional to it."""
-    from paratrain.cost.compute import op_time_split
+    with efficiency 1 its kernels' compute time, over the measured time less their overheads (one
+    per kernel ``cost.compute.op_kernels`` counts); at most 1. CPU attention at these sizes is
+    compute-bound, so the time is inversely proportional to it."""
+    from paratrain.cost.compute import op_kernels, op_time_split
 
     op = reference_attention_op()
     ideal = dataclasses.replace(device, attention_efficiency=1.0)
-    overhead = (1 + op.bwd_kernels) * device.kernel_overhead_s
+    overhead = sum(op_kernels(op)) * device.kernel_overhead_s
     fwd, bwd, _ = op_time_split(op, ideal, "fp32")
     busy = seconds - overhead
     return min(1.0, (fwd + bwd - overhead) / busy) if busy > 0 else 1.0

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-__all__ = ["BLOCK_SHAPES", "measure_tp_collectives", "measure_tp_dispatch", "per_collective", "tp_group_sizes",
-           "trimmed_mean"]
+__all__ = ["BLOCK_SHAPES", "block_part", "measure_tp_collectives", "measure_tp_dispatch", "per_collective",
+           "tp_group_sizes", "trimmed_mean"]
 
 # (hidden, sequence, micro-batch) of the blocks timed per group size, in fp32: each collective
 # moves T x hidden x 4 bytes per rank, 2 KiB, 64 KiB and 512 KiB. The hidden size grows with the
