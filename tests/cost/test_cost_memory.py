@@ -86,10 +86,15 @@ def test_generalizations_gqa_swiglu_no_dropout_fp32() -> None:
     e = 2
     expect = e * s * b * (h + h + h + kv + kv + h + h + h + 2 * f + f) + e * a * s * s * b
     assert activation_bytes_per_layer(m, microbatch=b) == expect
-    tiny = preset("gpt-tiny")  # fp32: 4-byte activations, 1-byte masks
+    tiny = dataclasses.replace(preset("gpt-tiny"), dropout=True)  # fp32: 4-byte activations, 1-byte masks
     s, h, a = tiny.seq, tiny.hidden, tiny.heads
     # 16 h-wide tensors (the 32 of the 2-byte formula) at 4 bytes, two 1-byte masks
     assert activation_bytes_per_layer(tiny) == s * h * (4 * 16 + 2) + (4 + 1 + 4) * a * s * s
+    # Without dropout (gpt-tiny as paratrain trains it): no masks, and the ·V GEMM reads the
+    # softmax output itself, the one s×s tensor kept
+    plain = preset("gpt-tiny")
+    assert not plain.uses_dropout
+    assert activation_bytes_per_layer(plain) == s * h * 4 * 16 + 4 * a * s * s
 
 
 def test_mixed_precision_adam_is_16_bytes_per_param() -> None:

@@ -109,6 +109,81 @@ def test_eager_swiglu_is_silu_then_product() -> None:
     assert (op.fwd_kernels, op.bwd_kernels) == (fwd.kernels, bwd.kernels)
 
 
+class ElementwiseCount(KernelCount):
+    """:class:`KernelCount` without the GEMMs (the cost model's GEMM operators count those)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func.overloadpacket.__name__ in ("addmm", "mm"):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _count_elementwise(fn, inputs: list[torch.Tensor], n: int) -> tuple[KernelCount, KernelCount]:  # noqa: ANN001
+    fwd = ElementwiseCount(n)
+    with fwd:
+        y = fn(*inputs)
+    dy = torch.randn_like(y)
+    bwd = ElementwiseCount(n)
+    with bwd:
+        y.backward(dy)
+    return fwd, bwd
+
+
+def test_eager_gpt_layer_adds_its_biases_inside_the_gemms() -> None:
+    """``nn.Linear`` with a bias is one ``addmm``: the GeLU and the residual add run alone, and the
+    backward reduces the output gradient over the tokens for the bias (what the runtime's GPT
+    runs, without dropout)."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    t, h, f = 64, 32, 128
+    x = torch.randn(t, h, requires_grad=True)
+    w1, b1 = torch.randn(f, h, requires_grad=True), torch.randn(f, requires_grad=True)
+    fwd, bwd = _count_elementwise(lambda x: F.gelu(F.linear(x, w1, b1), approximate="tanh"), [x], t * f)
+    tiny = dataclasses.replace(preset("gpt-tiny"), hidden=h, ffn=f, seq=t)  # fp32, bias, no dropout
+    ops = {o.name: o for o in layer_ops(tiny, microbatch=1, attention="flash", fused=False)}
+    assert "fc1_bias" not in ops and ops["gelu"].kind == "activation"
+    assert ops["gelu"].fwd_bytes == fwd.read + fwd.written  # 1 kernel: read x, write y
+    assert ops["gelu"].bwd_bytes == bwd.read + bwd.written  # gelu_backward, then the bias gradient's sum
+    assert (ops["gelu"].fwd_kernels, ops["gelu"].bwd_kernels) == (fwd.kernels, bwd.kernels) == (1, 2)
+
+    # the residual stream's gradient passes through the add (no kernel; a leaf would add a copy)
+    a, res = torch.randn(t, f, requires_grad=True), torch.randn(t, h)
+    w2, b2 = torch.randn(h, f, requires_grad=True), torch.randn(h, requires_grad=True)
+    fwd, bwd = _count_elementwise(lambda a, res: res + F.linear(a, w2, b2), [a, res], t * h)
+    op = ops["mlp_residual"]
+    assert op.fwd_bytes == fwd.read + fwd.written  # the add: two tensors in, one out
+    assert op.bwd_bytes == bwd.read + bwd.written  # the bias gradient reads dy
+    assert (op.fwd_kernels, op.bwd_kernels) == (fwd.kernels, bwd.kernels) == (1, 1)
+
+
+def test_dropout_is_a_kernel_and_a_mask_of_its_own_when_eager() -> None:
+    """With dropout (GPT-3's default), eager PyTorch on a GPU runs ``native_dropout``: one kernel
+    reading x and writing y and a one-byte mask, then the add; Megatron's fused bias-dropout-add
+    is one kernel. Without it, eager and fused move the same bytes."""
+    import dataclasses
+
+    gpt = preset("gpt3-1.3b")
+    n, e = gpt.seq * gpt.hidden, 2
+
+    def residual(model, fused: bool):  # noqa: ANN001, ANN202
+        ops = layer_ops(model, microbatch=1, attention="flash", fused=fused)
+        return next(o for o in ops if o.name == "attn_residual")
+
+    eager, fused = residual(gpt, False), residual(gpt, True)
+    assert gpt.uses_dropout
+    assert eager.fwd_bytes == (1 + 1) * n * e + n + (2 + 1) * n * e  # dropout r1 w1 + mask, add r2 w1
+    assert fused.fwd_bytes == 3 * n * e + n  # one kernel: x and the residual in, the sum and the mask out
+    assert (eager.fwd_kernels, fused.fwd_kernels) == (2, 1)
+    # backward: the mask applied to dy (read dy and the mask, write dx), the bias gradient reads dy
+    assert eager.bwd_bytes == fused.bwd_bytes == (1 + 1 + 1) * n * e + n
+    assert (eager.bwd_kernels, fused.bwd_kernels) == (2, 1)  # fused: one kernel, as calibrated
+    plain = dataclasses.replace(gpt, dropout=False)
+    assert residual(plain, False).fwd_bytes == residual(plain, True).fwd_bytes == 3 * n * e
+    assert residual(plain, False).bwd_bytes == n * e
+
+
 def test_models_without_rotary_or_rmsnorm_are_unchanged_by_eager_kernels() -> None:
     gpt = preset("gpt3-1.3b")  # LayerNorm (one native kernel either way), learned positions, GeLU
     eager = {o.name: o for o in layer_ops(gpt, microbatch=1, attention="flash", fused=False)}

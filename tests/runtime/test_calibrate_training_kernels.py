@@ -101,3 +101,51 @@ def test_attention_faster_than_the_model_allows_caps_the_efficiency_at_one() -> 
     base = device_from_measurement(MEASURED)
     assert training_attention_efficiency(base, 0.5 * _compute_s(base)) == 1.0
     assert training_attention_efficiency(base, 1e-6) == 1.0  # less than the kernels' overhead: no figure
+
+
+def test_the_activation_runs_at_its_own_measured_rate() -> None:
+    """calibrate times the runtime's MLP activation apart from the other element-wise kernels (a
+    CPU evaluates GeLU's tanh slower than it streams memory): the cost model then times the GeLU
+    operator, and only it, at that rate; an older calibration keeps one rate for all."""
+    from paratrain.cost.compute import layer_ops
+    from paratrain.spec.model import preset
+
+    ops = {o.name: o for o in layer_ops(preset("gpt-tiny"), microbatch=2, dtype="fp32", attention="flash")}
+    gelu, add = ops["gelu"], ops["mlp_residual"]
+    old = device_from_measurement(MEASURED)
+    assert old.activation_efficiency is None and old.activation_memory_efficiency == old.memory_efficiency == 0.5
+    dev = device_from_measurement({**MEASURED, "activation_Bps": 2e9})
+    assert dev.activation_efficiency == pytest.approx(0.2) and dev.memory_efficiency == 0.5
+    fwd, bwd, _ = op_time_split(gelu, dev, "fp32")
+    assert fwd == pytest.approx(gelu.fwd_bytes / 2e9 + dev.kernel_overhead_s, rel=1e-12)
+    # backward: gelu_backward and the bias gradient's sum, a kernel overhead each
+    assert bwd == pytest.approx(gelu.bwd_bytes / 2e9 + 2 * dev.kernel_overhead_s, rel=1e-12)
+    assert op_time_split(add, dev, "fp32") == op_time_split(add, old, "fp32")  # 5 GB/s either way
+    assert op_time_split(gelu, old, "fp32")[0] == pytest.approx(gelu.fwd_bytes / 5e9 + old.kernel_overhead_s)
+    # what calibrate times is this operator's bytes: GeLU 2, its backward 3, the bias gradient 1
+    n = preset("gpt-tiny").seq * 2 * preset("gpt-tiny").ffn_size
+    assert (gelu.fwd_bytes + gelu.bwd_bytes) / (4 * n) == 2 + 3 + 1
+
+
+def test_the_overhead_block_is_charged_one_overhead_per_counted_kernel() -> None:
+    """calibrate divides the runtime block's time by ``overhead_block_kernels``; the cost model
+    charges a layer of that shape exactly that many kernel overheads (multi-kernel composites
+    included), so the model gives back the block's measured time when its arithmetic is free."""
+    import dataclasses
+
+    import torch
+
+    from paratrain.cost.compute import layer_ops
+    from paratrain.runtime.calibrate import OVERHEAD_BLOCK, _overhead_block, _overhead_spec, overhead_block_kernels
+    from paratrain.spec.device_presets import DEVICE_PRESETS
+
+    free = dataclasses.replace(DEVICE_PRESETS["cpu"], peak_fp32_flops=1e30, memory_bandwidth_Bps=1e30,
+                               kernel_overhead_s=1e-6, fused_attention=True)
+    ops = layer_ops(_overhead_spec(), microbatch=OVERHEAD_BLOCK[3], dtype="fp32", attention="flash")
+    charged = sum(sum(op_time_split(o, free, "fp32")) for o in ops)
+    assert charged == pytest.approx(overhead_block_kernels() * 1e-6, rel=1e-9)
+    block, x = _overhead_block()
+    out = block(x)
+    assert out.shape == x.shape and x.shape[-1] == OVERHEAD_BLOCK[0]
+    grads = torch.autograd.grad([out.sum()], [x, *block.parameters()])
+    assert all(g is not None for g in grads)

@@ -87,6 +87,7 @@ def test_overrides_and_unknown_field():
         (dict(kv_heads=3), "kv_heads"),
         (dict(activation="tanh"), "activation"),
         (dict(dtype="fp64"), "dtype"),
+        (dict(dropout="yes"), "dropout"),
     ],
 )
 def test_validation_names_the_field(kwargs, field):
@@ -145,6 +146,25 @@ def test_hf_gpt2_and_bert_configs(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(bert))
     assert resolve_model(str(p)).param_count() == PUBLISHED["bert-base"]
+
+
+def test_dropout_follows_the_family_unless_set():
+    """GPT-2/3 and BERT train with dropout, the Llama family without; a spec or a HF config's
+    probabilities decide otherwise (gpt-tiny: none, as paratrain's runtime trains it)."""
+    assert preset("gpt3-1.3b").uses_dropout and preset("bert-base").uses_dropout
+    assert not preset("llama3-8b").uses_dropout and not preset("gpt-tiny").uses_dropout
+    assert not preset("gpt3-1.3b").with_overrides(dropout=False).uses_dropout
+    assert preset("llama3-8b").with_overrides(dropout=True).uses_dropout
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256}
+    assert from_hf_config(gpt2).dropout is None and from_hf_config(gpt2).uses_dropout
+    assert from_hf_config({**gpt2, "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0}).dropout is False
+    assert from_hf_config({**gpt2, "resid_pdrop": 0.1}).dropout is True
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "vocab_size": 256, "rms_norm_eps": 1e-5, "attention_dropout": 0.0}
+    assert from_hf_config(llama).dropout is False
+    bert = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 256, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    assert from_hf_config(bert).dropout is True
 
 
 def test_malformed_and_missing_files(tmp_path):

@@ -250,9 +250,14 @@ def calibrate(
         print(f"fp32 GEMM {n}x{n}x{n}: {f / 1e9:.1f} GFLOP/s")
     print(f"memory bandwidth (copy of {COPY_BYTES // 2**20} MiB): {device.memory_bandwidth_Bps / 1e9:.2f} GB/s")
     if "elementwise_Bps" in m:
-        print(f"element-wise kernels (add, GeLU and its backward, softmax, layer norm; {EW_ELEMENTS * 4 // 2**20} "
+        kernels = ("add, softmax, layer norm" if "activation_Bps" in m
+                   else "add, GeLU and its backward, softmax, layer norm")
+        print(f"element-wise kernels ({kernels}; {EW_ELEMENTS * 4 // 2**20} "
               f"MiB): {m['elementwise_Bps'] / 1e9:.2f} GB/s = memory efficiency {device.memory_efficiency:.2f}")
-    print(f"kernel overhead (per modelled kernel of tiny Linear+GeLU layers, forward and backward through "
+    if "activation_Bps" in m:
+        print(f"activation (GeLU, its backward and the bias gradient; {EW_ELEMENTS * 4 // 2**20} MiB): "
+              f"{m['activation_Bps'] / 1e9:.2f} GB/s = activation efficiency {device.activation_memory_efficiency:.2f}")
+    print(f"kernel overhead (per modelled kernel of the runtime's GPT block at hidden 16, forward and backward through "
           f"autograd): {device.kernel_overhead_s * 1e6:.1f} us; tiny add {m['small_add_s'] * 1e6:.1f} us, tiny 8x8 "
           f"matmul {m['small_matmul_s'] * 1e6:.1f} us")
     if "training_gemm_s" in m:

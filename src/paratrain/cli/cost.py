@@ -19,6 +19,7 @@ from rich.table import Table
 
 from paratrain.cli.options import (
     AttentionOpt,
+    DropoutOpt,
     FfnOpt,
     HeadsOpt,
     HiddenOpt,
@@ -69,6 +70,7 @@ def cost(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
+    dropout: DropoutOpt = None,
     device: Annotated[str, typer.Option("--device", "-d", help="Device preset or file.")] = "a100-80gb",
     cluster: Annotated[
         str | None, typer.Option("--cluster", "-c", help="Cluster whose links time TP collectives (default: DGX node).")
@@ -82,7 +84,7 @@ def cost(
     attention: AttentionOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
     dev = resolve_device(device, "--device")
     dt = dtype or spec.dtype
     if dt not in ("fp32", "tf32", "bf16", "fp16", "fp8"):

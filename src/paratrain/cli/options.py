@@ -27,6 +27,7 @@ __all__ = [
     "FfnOpt",
     "SeqOpt",
     "VocabOpt",
+    "DropoutOpt",
     "ClusterOpt",
     "DeviceOpt",
     "NodesOpt",
@@ -75,6 +76,11 @@ KvHeadsOpt = Annotated[
 FfnOpt = Annotated[int | None, typer.Option("--ffn", help="Override: FFN size.", rich_help_panel=_M)]
 SeqOpt = Annotated[int | None, typer.Option("--seq", help="Override: sequence length.", rich_help_panel=_M)]
 VocabOpt = Annotated[int | None, typer.Option("--vocab", help="Override: vocabulary size.", rich_help_panel=_M)]
+DropoutOpt = Annotated[
+    bool | None,
+    typer.Option("--dropout/--no-dropout", help="Override: dropout's kernels and masks in the cost (default: "
+                 "GPT-2/3 and BERT yes, Llama no; paratrain train runs none).", rich_help_panel=_M),
+]
 
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset or file.", rich_help_panel=_C)]
 DeviceOpt = Annotated[
@@ -270,9 +276,11 @@ def resolve_model_opts(
     ffn: int | None = None,
     seq: int | None = None,
     vocab: int | None = None,
+    dropout: bool | None = None,
 ) -> ModelSpec:
     return resolve_model(
-        model, "--model", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab
+        model, "--model", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab,
+        dropout=dropout,
     )
 
 

@@ -23,6 +23,7 @@ from paratrain.cli.options import (
     DensityOpt,
     DeviceOpt,
     DpOpt,
+    DropoutOpt,
     FfnOpt,
     GemmDtypeOpt,
     GlobalBatchOpt,
@@ -215,6 +216,7 @@ def plan_command(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
+    dropout: DropoutOpt = None,
     dp: DpOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
@@ -274,7 +276,7 @@ def plan_command(
     from paratrain.plan.search import plan
     from paratrain.plan.space import DEFAULT_SCHEDULES, Pins
 
-    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
     clus = apply_calibration(resolve_cluster_opts(cluster, device, nodes, gpus), calibration)
     for flag, val in (("--top", top), ("--confirm", confirm)):
         if val < 1:
@@ -390,6 +392,7 @@ def advise_shape_command(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
+    dropout: DropoutOpt = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the layers run at.")] = 1,
     microbatch: Annotated[int, typer.Option("--microbatch", help="Micro-batch size.")] = 1,
     json_out: JsonOpt = False,
@@ -397,7 +400,7 @@ def advise_shape_command(
     from paratrain.cli.plan_sweep import print_advice
     from paratrain.plan.shape import advise
 
-    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab)
+    spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
     clus = resolve_cluster_opts(cluster, device)
     ParallelConfig(tp=tp, microbatch=microbatch)  # the layout's own checks and size limits
     rows = [a.to_dict() for a in advise(spec, clus.device, tp=tp, microbatch=microbatch)]

@@ -26,6 +26,7 @@ from paratrain.cli.options import (
     DensityOpt,
     DeviceOpt,
     DpOpt,
+    DropoutOpt,
     FfnOpt,
     GemmDtypeOpt,
     GlobalBatchOpt,
@@ -106,6 +107,7 @@ def simulate(
     ffn: FfnOpt = None,
     seq: SeqOpt = None,
     vocab: VocabOpt = None,
+    dropout: DropoutOpt = None,
     cluster: Annotated[
         str | None,
         typer.Option("--cluster", "-c", help="Cluster preset or file (default dgx-a100).", rich_help_panel="Cluster"),
@@ -172,7 +174,8 @@ def simulate(
     if kfac_inversion not in ("inverse", "eigen"):
         raise ConfigError("--kfac-inversion", f"unknown method {kfac_inversion!r}", "use inverse or eigen")
     doc: dict[str, Any] = load_run_document(config) if config is not None else {}
-    overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
+    overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab,
+                     dropout=dropout)
     spec = _resolve_model(model, doc, overrides)
     base = doc.get("parallel")
     if gpus is not None:

@@ -316,9 +316,10 @@ def head_ops(
 
 # ----- time --------------------------------------------------------------------------------------
 
-def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: DeviceSpec) -> float:
+def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: DeviceSpec,
+              mem_eff: float | None = None) -> float:
     compute = flops / (peak * eff) if flops else 0.0
-    memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    memory = nbytes / (device.memory_bandwidth_Bps * (device.memory_efficiency if mem_eff is None else mem_eff))
     return max(compute, memory) + device.kernel_overhead_s
 
 
@@ -345,13 +346,18 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
         d_a = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(m, k, n, device, op.batch, g), device)
         d_b = _roofline(op.fwd_flops, op.fwd_bytes, peak, gemm_efficiency(k, n, m, device, op.batch, g), device)
         return (fwd, d_a, d_b) if op.has_weight else (fwd, d_a + d_b, 0.0)
-    # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway.
+    # Element-wise kernels run on the vector units at the fp32 rate; they are memory-bound anyway,
+    # the MLP's activation at its own rate where the device has one (a CPU's tanh).
     peak = device.peak_fp32_flops
     eff = 1.0
-    fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device)
+    mem = device.activation_memory_efficiency if op.kind == "activation" else None
+    # one kernel overhead per kernel of a multi-kernel composite (eager PyTorch's), as op_kernels counts
+    extra = device.kernel_overhead_s
+    fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device, mem) + (op.fwd_kernels - 1) * extra
     bwd_in_flops = op.bwd_flops - op.bwd_weight_flops
     bwd_in_bytes = op.bwd_bytes - op.bwd_weight_bytes
-    bwd_in = _roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device) if (bwd_in_flops or bwd_in_bytes) else 0.0
+    bwd_in = (_roofline(bwd_in_flops, bwd_in_bytes, peak, eff, device, mem) + (op.bwd_kernels - 1) * extra
+              if (bwd_in_flops or bwd_in_bytes) else 0.0)
     bwd_w = _roofline(op.bwd_weight_flops, op.bwd_weight_bytes, peak, eff, device) if op.bwd_weight_bytes else 0.0
     return fwd, bwd_in, bwd_w
 
@@ -396,5 +402,6 @@ def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
         compute = op.fwd_flops / (gemm_peak_flops(device, g) * gemm_efficiency(m, n, k, device, op.batch, g))
     else:
         compute = op.fwd_flops / device.peak_fp32_flops
-    memory = op.fwd_bytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    mem = device.activation_memory_efficiency if op.kind == "activation" else device.memory_efficiency
+    memory = op.fwd_bytes / (device.memory_bandwidth_Bps * mem)
     return "compute" if compute >= memory else "memory"

@@ -5,7 +5,7 @@ or as eager PyTorch's composites of ATen operators."""
 from __future__ import annotations
 
 from paratrain.cost.op import Op
-from paratrain.spec.model import Activation, ModelSpec, Norm, Position
+from paratrain.spec.model import Activation, ModelSpec, Norm
 
 __all__ = ["uses_dropout"]
 
@@ -71,8 +71,9 @@ def _eager_bytes(counts: tuple[tuple[int, int], tuple[int, int], int], e: int, c
 
 
 def uses_dropout(model: ModelSpec) -> bool:
-    """GPT-2/3 and BERT train with dropout; the Llama family (rotary positions) does not."""
-    return model.position is Position.LEARNED
+    """Whether the layers run dropout (:attr:`ModelSpec.uses_dropout`: GPT-2/3 and BERT by default,
+    not the Llama family; ``dropout`` in the spec decides)."""
+    return model.uses_dropout
 
 
 def _norm_op(name: str, model: ModelSpec, n: int, e: int, fused: bool = True) -> Op:
@@ -102,44 +103,55 @@ def _rope_op(n: int, e: int, fused: bool) -> Op:
 
 
 def _residual_op(name: str, model: ModelSpec, n: int, e: int, fused: bool) -> Op:
-    """Bias add, dropout and residual add after a row-parallel GEMM."""
+    """Bias add, dropout and residual add after a row-parallel GEMM.
+
+    Fused (Megatron-LM's bias-dropout-add): one kernel. Eager PyTorch: ``nn.Linear`` adds the bias
+    inside its GEMM (``addmm``), then dropout (one kernel writing the output and its mask) and the
+    residual add run as kernels of their own. Either way the backward reduces the output gradient
+    over the tokens for the bias gradient and applies the dropout mask.
+    """
     drop = uses_dropout(model)
     bias = model.bias
     flops = (1 if bias else 0) + (_DROPOUT_FLOPS if drop else 0) + 1
     mask = n * _MASK_BYTES if drop else 0
+    bwd_reads, bwd_writes = (1.0 if drop else 0.0) + (1.0 if bias else 0.0), 1.0 if drop else 0.0
     if fused:
-        # One kernel: read x and the residual, write the sum (and the mask).
-        reads, writes = 2.0, 1.0
-        bwd_reads, bwd_writes = (1.0 if drop else 0.0) + (1.0 if bias else 0.0), 1.0 if drop else 0.0
+        # One kernel: read x and the residual, write the sum (and the mask). The backward is counted
+        # as one kernel, as the stored calibrations (plan/calibrated.py) were fitted with.
+        reads, writes, kernels, bwd_kernels = 2.0, 1.0, 1, 1
     else:
-        # Separate kernels: bias (r1 w1), dropout (r1 w1), add (r2 w1).
-        reads = 2.0 + (1 if bias else 0) + (1 if drop else 0)
-        writes = 1.0 + (1 if bias else 0) + (1 if drop else 0)
-        bwd_reads, bwd_writes = (1.0 if drop else 0.0) + (1.0 if bias else 0.0), 1.0 if drop else 0.0
+        # dropout (r1 w1), add (r2 w1); the bias is in the GEMM. Backward: the mask applied to dy,
+        # the bias gradient's sum of dy over the tokens (counted at ATen's dispatch in
+        # tests/cost/test_eager_elementwise.py; the add passes dy through).
+        reads, writes, kernels = 2.0 + (1 if drop else 0), 1.0 + (1 if drop else 0), 1 + (1 if drop else 0)
+        bwd_kernels = max(1, (1 if drop else 0) + (1 if bias else 0))
     return _ew_op(
         name, "elementwise", n, e, reads=reads, writes=writes, flops=flops, bwd_reads=bwd_reads,
-        bwd_writes=bwd_writes, extra_fwd=mask, extra_bwd=mask,
+        bwd_writes=bwd_writes, extra_fwd=mask, extra_bwd=mask, kernels=kernels, bwd_kernels=bwd_kernels,
     )
 
 
 def _activation_ops(model: ModelSpec, n: int, e: int, fused: bool) -> list[Op]:
     """The MLP's activation over the ``n`` elements of the first GEMM's output (per half when gated):
-    SwiGLU, or GeLU with its bias add fused or separate."""
+    SwiGLU, or GeLU with the first GEMM's bias add (fused: Megatron-LM's bias-GeLU kernel)."""
     gated = model.activation is Activation.SWIGLU
     if gated and fused:
         # silu(gate)·up: read both halves, write the product; backward reads dy, gate, up, writes both grads.
-        return [_ew_op("swiglu", "elementwise", n, e, reads=2, writes=1, flops=_SWIGLU_FLOPS,
+        return [_ew_op("swiglu", "activation", n, e, reads=2, writes=1, flops=_SWIGLU_FLOPS,
                        bwd_reads=3, bwd_writes=2)]
     if gated:
         # eager ``silu(w1(x)) * w3(x)``: silu (read 1, write 1) then the product (2, 1); backward: the
         # product's two gradients (dy·up and dy·silu: reads 2 + 2, writes 2; silu(gate) is saved)
         # and silu's (dy and gate, write 1)
-        return [_ew_op("swiglu", "elementwise", n, e, reads=3, writes=2, flops=_SWIGLU_FLOPS,
+        return [_ew_op("swiglu", "activation", n, e, reads=3, writes=2, flops=_SWIGLU_FLOPS,
                        bwd_reads=6, bwd_writes=3, kernels=2, bwd_kernels=3)]
-    if fused or not model.bias:
-        return [_ew_op("bias_gelu" if model.bias else "gelu", "elementwise", n, e, reads=1, writes=1,
-                       flops=_GELU_FLOPS + (1 if model.bias else 0), bwd_reads=2, bwd_writes=1)]
-    return [
-        _ew_op("fc1_bias", "elementwise", n, e, reads=1, writes=1, flops=1, bwd_reads=1, bwd_writes=0),
-        _ew_op("gelu", "elementwise", n, e, reads=1, writes=1, flops=_GELU_FLOPS, bwd_reads=2, bwd_writes=1),
-    ]
+    bias = 1 if model.bias else 0
+    if fused:
+        # Megatron-LM's bias-GeLU: one kernel each way (backward: read dy and x, write dx), as the
+        # stored calibrations were fitted with.
+        return [_ew_op("bias_gelu" if model.bias else "gelu", "activation", n, e, reads=1, writes=1,
+                       flops=_GELU_FLOPS + bias, bwd_reads=2, bwd_writes=1)]
+    # Eager GeLU after an ``nn.Linear`` whose GEMM added the bias. Backward: gelu_backward (read dy
+    # and x, write dx), then the bias gradient, a sum of dx over the tokens (one more read, one kernel).
+    return [_ew_op("gelu", "activation", n, e, reads=1, writes=1, flops=_GELU_FLOPS + bias,
+                   bwd_reads=2 + bias, bwd_writes=1, bwd_kernels=1 + bias)]

@@ -21,7 +21,7 @@ class Op:
     """
 
     name: str
-    kind: str  # gemm | elementwise | norm | softmax | dropout | embedding | loss
+    kind: str  # gemm | attention | activation | elementwise | norm | softmax | dropout | embedding | loss
     fwd_flops: float
     bwd_flops: float
     fwd_bytes: float

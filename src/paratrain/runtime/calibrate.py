@@ -69,7 +69,10 @@ Progress = Callable[[int, int, str], None]
 _GEMM_SIZES = (256, 512, 1024)
 COPY_BYTES = 128 * 2**20  # past the last-level cache of common CPUs
 EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens x 2048)
-_CHAIN_LAYERS = 10  # long enough that the autograd.grad call's own cost is spread thin
+# (hidden, heads, sequence, batch) of the block whose time over its modelled kernels is the
+# per-kernel overhead: a layer of the runtime's GPT whose GEMMs and attention take well under a
+# microsecond, so its time is the framework's per-operator cost
+OVERHEAD_BLOCK = (16, 2, 8, 1)
 _BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
 _P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
 _ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
@@ -219,42 +222,49 @@ def measure_cpu(
     bandwidth = 2 * COPY_BYTES / t_copy  # the copy reads and writes every byte
     # Element-wise kernels of a transformer layer on an activation-sized tensor, each with the
     # bytes the cost model counts for it (paratrain.cost.elementwise: reads + writes of n elements):
-    # residual add 3, GeLU (tanh) 2, its backward 3, softmax 2, layer norm 2. Their total bytes over
-    # their total time is the rate element-wise kernels sustain, below the copy's: on a CPU,
-    # transcendental functions and row reductions run slower than the memory system.
+    # residual add 3, softmax 2, layer norm 2. Their total bytes over their total time is the rate
+    # element-wise kernels sustain, below the copy's (row reductions). The MLP's activation as the
+    # runtime's GPT runs it is timed apart: GeLU (tanh) 2, its backward 3 and the first Linear's
+    # bias gradient, a sum of the backward's output over the tokens, 1. On a CPU the tanh runs on
+    # the vector units at a rate of its own (the cost model's activation_efficiency).
     x = torch.randn(EW_ELEMENTS // 128, 128)
     y, g = torch.randn_like(x), torch.randn_like(x)
     w, b = torch.ones(128), torch.zeros(128)
 
     def elementwise() -> None:
         torch.add(x, y)
-        F.gelu(x, approximate="tanh")
-        torch.ops.aten.gelu_backward(g, x, approximate="tanh")
         torch.softmax(x, -1)
         F.layer_norm(x, (128,), w, b)
 
-    t_ew = timed(elementwise, repeats=20, deadline=deadline(steps - 6))
-    ew_bandwidth = (3 + 2 + 3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
+    def activation() -> None:
+        F.gelu(x, approximate="tanh")
+        torch.ops.aten.gelu_backward(g, x, approximate="tanh").sum(0)
+
+    end = deadline(steps - 6)
+    now = time.perf_counter()
+    t_ew = timed(elementwise, repeats=20, deadline=now + (end - now) / 2)
+    ew_bandwidth = (3 + 2 + 2) * 4 * EW_ELEMENTS / t_ew
+    t_act = timed(activation, repeats=20, deadline=end)
+    activation_bandwidth = (2 + 3 + 1) * 4 * EW_ELEMENTS / t_act
     x = torch.ones(8)
     t_small = timed(lambda: torch.add(x, x), repeats=500, deadline=deadline(steps - 5))
     w = torch.ones(8, 8)
     t_small_mm = timed(lambda: torch.matmul(w, w), repeats=500, deadline=deadline(steps - 4))
-    # A training step's per-operator cost includes autograd: recording the graph in the forward,
-    # running the backward's nodes. Timed on a chain of tiny Linear + GeLU layers, forward and
-    # backward through torch.autograd, divided by the kernels the cost model counts for them
-    # (paratrain.cost.compute.op_kernels: a weight GEMM 1 forward + 2 backward, GeLU 1 + 1).
-    chain = [torch.nn.Linear(8, 8) for _ in range(_CHAIN_LAYERS)]
-    x8 = torch.randn(8, 8, requires_grad=True)
-    leaves = [x8] + [p for lin in chain for p in lin.parameters()]
+    # A training step's per-operator cost includes autograd (recording the graph in the forward,
+    # running the backward's nodes) and the glue of a layer the cost model has no operator for
+    # (views, the heads' transposes and copies, the gradients' accumulation). Timed on the
+    # runtime's own transformer block at a size where its arithmetic is negligible
+    # (OVERHEAD_BLOCK), forward and backward through torch.autograd, over the kernels the cost
+    # model counts for that layer (overhead_block_kernels). A chain of bare Linear + GeLU layers,
+    # used before, gave 7 us per kernel here where the block gives 16.
+    block, block_x = _overhead_block()
+    block_leaves = [block_x, *block.parameters()]
 
-    def train_chain() -> None:
-        h = x8
-        for lin in chain:
-            h = F.gelu(lin(h), approximate="tanh")
-        torch.autograd.grad([h.sum()], leaves)
+    def train_block() -> None:
+        torch.autograd.grad([block(block_x).sum()], block_leaves)
 
-    t_chain = timed(train_chain, repeats=200, deadline=deadline(steps - 3))
-    per_kernel = t_chain / (_CHAIN_LAYERS * (3 + 2))
+    t_block = timed(train_block, repeats=200, deadline=deadline(steps - 3))
+    per_kernel = t_block / overhead_block_kernels()
     # The GEMMs of a training step as autograd runs them: a transformer MLP's two Linear layers
     # (VARIATION_SHAPE, no activation), forward and backward with the input's gradient. Inside a
     # step they run slower than the best square GEMM (transposed operands, bias gradients, operands
@@ -284,6 +294,7 @@ def measure_cpu(
         "peak_fp32_flops": max(per_size.values()),
         "memory_bandwidth_Bps": bandwidth,
         "elementwise_Bps": ew_bandwidth,
+        "activation_Bps": activation_bandwidth,
         # The fixed cost of one modelled kernel in a training step: on a CPU the host runs each
         # kernel itself, so dispatch and autograd add to every kernel (kernel_overhead_s) and
         # nothing overlaps them (host_issue_s 0).
@@ -481,7 +492,7 @@ def combine_cpu(cpus: list[dict[str, Any]], threads: int) -> dict[str, Any]:
         "duration_cv": mean(c["duration_cv"] for c in cpus),
         "threads": threads,
     }
-    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s", "attention_s"):
+    for k in ("tp_dispatch_forward_s", "tp_dispatch_backward_s", "training_gemm_s", "attention_s", "activation_Bps"):
         if all(k in c for c in cpus):
             cpu[k] = mean(c[k] for c in cpus)
     if all(c.get("tp_dispatch_per_core") for c in cpus):
@@ -518,8 +529,11 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         memory_bandwidth_Bps=bw,
         sm_count=int(m["threads"]),
         gemm_efficiency=1.0,
-        # what element-wise kernels sustain relative to the copy (1 when not measured)
+        # what element-wise kernels sustain relative to the copy (1 when not measured); calibrations
+        # with the activation timed apart give it its own efficiency, older ones timed GeLU among
+        # the element-wise kernels and keep it there
         memory_efficiency=min(1.0, float(m.get("elementwise_Bps", bw * share)) / share / bw),
+        activation_efficiency=(min(1.0, float(m["activation_Bps"]) / share / bw) if "activation_Bps" in m else None),
         kernel_overhead_s=float(m["kernel_overhead_s"]) * share,
         host_issue_s=0.0,  # the host runs each CPU kernel itself: its dispatch is in kernel_overhead_s
         duration_cv=min(1.0, float(m.get("duration_cv", 0.0))),
@@ -537,6 +551,35 @@ def device_from_measurement(m: dict[str, Any]) -> DeviceSpec:
         device = dataclasses.replace(device, fused_attention=True, attention_efficiency=training_attention_efficiency(
             device, float(m["attention_s"]) * share))
     return device
+
+
+def _overhead_spec() -> Any:
+    from paratrain.spec.model import resolve_model
+
+    hidden, heads, seq, _ = OVERHEAD_BLOCK
+    return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden)
+
+
+def _overhead_block() -> tuple[Any, Any]:
+    """The runtime's GPT block at ``OVERHEAD_BLOCK`` and its input (fp32, gradients on)."""
+    import torch
+
+    from paratrain.runtime.models.layers import Block
+
+    torch.manual_seed(0)
+    *_, seq, batch = OVERHEAD_BLOCK
+    spec = _overhead_spec()
+    return Block(spec, pre_norm=True), torch.randn(batch, seq, spec.hidden, requires_grad=True)
+
+
+def overhead_block_kernels() -> int:
+    """The kernels the cost model counts (``cost.compute.op_kernels``) for a forward and backward
+    of the calibration's overhead block: a GPT layer with fused attention, as the runtime runs it."""
+    from paratrain.cost.compute import layer_ops, op_kernels
+
+    *_, batch = OVERHEAD_BLOCK
+    return sum(sum(op_kernels(o)) for o in layer_ops(_overhead_spec(), microbatch=batch, dtype="fp32",
+                                                        attention="flash"))
 
 
 def training_gemm_shapes() -> list[tuple[int, int, int]]:

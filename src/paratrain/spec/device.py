@@ -45,6 +45,10 @@ class DeviceSpec:
     ``fused_attention``: the frameworks run fused (FlashAttention) kernels on this device by default;
     ``attention_efficiency`` is the fraction of the tensor-core peak such a kernel sustains on long
     sequences (before the tile shape efficiency of its ``s×s×d`` blocks).
+    ``activation_efficiency``: the fraction of peak bandwidth the MLP's activation (GeLU, SwiGLU)
+    sustains, when it differs from other element-wise kernels' (None: ``memory_efficiency``). On a
+    CPU the vector units evaluate GeLU's tanh slower than memory streams it; ``paratrain
+    calibrate`` measures both.
     """
 
     name: str
@@ -79,6 +83,7 @@ class DeviceSpec:
     memory_fragmentation: float = 0.0
     fused_attention: bool = False
     attention_efficiency: float = 0.5
+    activation_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -92,8 +97,10 @@ class DeviceSpec:
         for f in ("gemm_tile_m", "gemm_tile_n", "gemm_tile_k"):
             require_positive_int(f, getattr(self, f))
         require_bool("fused_attention", self.fused_attention)
-        for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency"):
+        for f in ("gemm_efficiency", "memory_efficiency", "attention_efficiency", "activation_efficiency"):
             v = getattr(self, f)
+            if v is None and f == "activation_efficiency":
+                continue
             require_positive(f, v)
             if v > 1:
                 raise ConfigError(f, f"must be at most 1, got {v}", "give a fraction of peak in (0, 1]")
@@ -122,6 +129,11 @@ class DeviceSpec:
         if self.duration_cv > 1:
             raise ConfigError("duration_cv", f"must be at most 1, got {self.duration_cv}",
                               "give the standard deviation of an action's duration over its mean, e.g. 0.1")
+
+    @property
+    def activation_memory_efficiency(self) -> float:
+        """``activation_efficiency`` resolved (``memory_efficiency`` when unset)."""
+        return self.activation_efficiency if self.activation_efficiency is not None else self.memory_efficiency
 
     @property
     def usable_memory_bytes(self) -> int:

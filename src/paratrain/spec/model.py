@@ -130,6 +130,10 @@ class ModelSpec:
     rope_theta: float = 10000.0  # rotary base (Su et al. 2021); Llama 3 uses 500,000
     # token whose embedding row gets no gradient from the lookup (HF's padding_idx: BERT, Llama)
     pad_token: int | None = None
+    # dropout after attention and MLP (and on the attention probabilities with explicit kernels);
+    # None: the family's practice (GPT-2/3 and BERT train with it, the Llama family does not).
+    # The cost model counts its kernels, bytes and masks; paratrain's runtime trains without it.
+    dropout: bool | None = None
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -146,6 +150,8 @@ class ModelSpec:
             raise ConfigError("name", f"must be a string, got {self.name!r}", "give the model a name")
         for f in ("tied_embeddings", "bias"):
             require_bool(f, getattr(self, f))
+        if self.dropout is not None:
+            require_bool("dropout", self.dropout)
         if self.norm_eps is not None:
             require_positive("norm_eps", self.norm_eps)
         require_positive("rope_theta", self.rope_theta)
@@ -211,6 +217,11 @@ class ModelSpec:
         if self.position is not Position.LEARNED:
             return 0
         return self.max_positions if self.max_positions is not None else self.seq
+
+    @property
+    def uses_dropout(self) -> bool:
+        """``dropout`` resolved: when unset, learned positions (GPT-2/3, BERT) train with dropout."""
+        return self.dropout if self.dropout is not None else self.position is Position.LEARNED
 
     @property
     def dtype_bytes(self) -> int:
@@ -349,6 +360,7 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             arch=Arch.BERT,
             activation=_hf_activation(cfg.get("hidden_act", "gelu")),
             norm_eps=cfg.get("layer_norm_eps", 1e-12),
+            dropout=_hf_dropout(cfg, "hidden_dropout_prob", "attention_probs_dropout_prob"),
             pad_token=_hf_pad(cfg.get("pad_token_id", 0), common["vocab"]),  # 0: BertConfig's default
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         )
@@ -361,6 +373,7 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             ffn=cfg.get("n_inner") or None,
             activation=_hf_activation(cfg.get("activation_function", "gelu_new")),
             norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+            dropout=_hf_dropout(cfg, "resid_pdrop", "attn_pdrop", "embd_pdrop"),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         )
     # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
@@ -377,9 +390,17 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
         bias=bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False)),
         norm_eps=cfg.get("rms_norm_eps", cfg.get("layer_norm_eps")),
         pad_token=_hf_pad(cfg.get("pad_token_id"), common["vocab"]),
+        dropout=_hf_dropout(cfg, "attention_dropout", "hidden_dropout", "resid_pdrop"),
         # transformers 5 nests the base in rope_parameters; earlier versions wrote rope_theta
         rope_theta=cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0,
     )
+
+
+def _hf_dropout(cfg: dict[str, Any], *keys: str) -> bool | None:
+    """Whether a HF config trains with dropout: any of its probabilities above 0; None when it
+    names none of them (the family's practice then applies)."""
+    probs = [cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
+    return any(p > 0 for p in probs) if probs else None
 
 
 def _hf_pad(pad: Any, vocab: Any) -> int | None:

@@ -15,8 +15,8 @@ _GPT2_VOCAB = 50257  # GPT-2 BPE; GPT-3 reuses it (Brown et al. 2020, sec. 2.1)
 _LLAMA: dict[str, Any] = dict(norm="rmsnorm", activation="swiglu", position="rotary", tied_embeddings=False, bias=False)
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    # Tiny byte-level GPT for tests and the demo.
-    "gpt-tiny": dict(layers=2, hidden=64, heads=4, seq=64, vocab=256, dtype="fp32"),
+    # Tiny byte-level GPT for tests and the demo; no dropout, as paratrain's runtime trains it.
+    "gpt-tiny": dict(layers=2, hidden=64, heads=4, seq=64, vocab=256, dtype="fp32", dropout=False),
     # GPT-2 (Radford et al. 2019, Table 2; HF configs gpt2, gpt2-medium, gpt2-large, gpt2-xl).
     "gpt2-small": dict(layers=12, hidden=768, heads=12, seq=1024, vocab=_GPT2_VOCAB),
     "gpt2-medium": dict(layers=24, hidden=1024, heads=16, seq=1024, vocab=_GPT2_VOCAB),
