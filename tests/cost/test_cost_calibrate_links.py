@@ -90,9 +90,14 @@ def test_two_process_calibration_writes_device_and_links(run_cli, tmp_path, monk
     assert doc["links_path"] == str(tmp_path / "cpu-cluster.json")
     links = json.loads((tmp_path / "cpu-cluster.json").read_text())
     assert 0 <= links["p2p_latency_s"] < 1.0 and 1e6 < links["p2p_bandwidth_Bps"] < 1e12
-    assert len(links["p2p_s_by_bytes"]) == 5 and len(links["allreduce_s_by_bytes"]) == 3
+    assert len(links["p2p_s_by_bytes"]) == 5 and len(links["allreduce_s_by_bytes"]) == 4
+    # the all-reduces over the one group of 2, 4 B to 32 MiB, also as rows the cluster reads
+    rows = links["measured_reductions"]
+    assert [(k, g, b) for k, g, b, _ in rows] == [("all_reduce", 2, int(b), ) for b in links["allreduce_s_by_bytes"]]
+    assert [t for *_, t in rows] == list(links["allreduce_s_by_bytes"].values())
     assert doc["device"]["sm_count"] == 1
     c = resolve_cluster("cpu", gpus=2)
+    assert c.measured_reductions == tuple(tuple(r) for r in rows)
     assert c.intra_link.latency_s == links["p2p_latency_s"]
     assert c.device.peak_fp32_flops == doc["device"]["peak_fp32_flops"]
 

@@ -246,3 +246,27 @@ def test_hammingmesh_full_bandwidth_along_a_row_half_across() -> None:
     t = [collective_time("all_to_all", 1e8, g, hm).time_s for g in (row, column, diagonal)]
     assert t[0] == pytest.approx(t[1])
     assert t[2] > t[0]
+
+
+def test_measured_reductions_time_the_collectives_outside_tensor_parallel_layers() -> None:
+    """A cluster whose calibration timed all-reduces alone (``measured_reductions``) takes their
+    time from those rows, linear between the measured sizes and along the last two beyond; other
+    kinds and group sizes keep the alpha-beta model."""
+    from paratrain.cost.collectives import measured_reduction_time
+
+    rows = (("all_reduce", 4, 4, 1e-3), ("all_reduce", 4, 1000, 2e-3), ("all_reduce", 4, 3000, 6e-3),
+            ("all_reduce", 2, 1000, 5e-4))
+    assert measured_reduction_time(rows, "all_reduce", 4, 1) == 1e-3  # below the smallest: its time
+    assert measured_reduction_time(rows, "all_reduce", 4, 2000) == pytest.approx(4e-3)  # between
+    assert measured_reduction_time(rows, "all_reduce", 4, 5000) == pytest.approx(10e-3)  # the last slope on
+    assert measured_reduction_time(rows, "all_gather", 4, 2000) is None
+    assert measured_reduction_time(rows, "all_reduce", 8, 2000) is None
+    base = resolve_cluster("cpu", gpus=4)
+    cpu = dataclasses.replace(base, measured_reductions=rows)
+    four, two = (0, 1, 2, 3), (0, 1)
+    measured = collective_time("all_reduce", 2000, four, cpu)
+    assert (measured.time_s, measured.algorithm) == (pytest.approx(4e-3), "measured")
+    assert collective_time("all_reduce", 500, two, cpu).time_s == pytest.approx(5e-4)
+    assert collective_time("all_gather", 2000, four, cpu) == collective_time("all_gather", 2000, four, base)
+    assert collective_time("all_reduce", 2000, four, cpu, "ring") == collective_time("all_reduce", 2000, four, base,
+                                                                                      "ring")

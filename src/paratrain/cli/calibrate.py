@@ -213,6 +213,7 @@ def calibrate(
         VARIATION_SHAPE,
         device_from_measurement,
         measure_machine,
+        size_label,
     )
     from paratrain.sim.fit_links import links_document
 
@@ -227,7 +228,8 @@ def calibrate(
     cluster_doc = (
         links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads,
                        comm.get("measured_collectives", ()), cores=int(m.get("cores", 0)),
-                       collective_cpu=comm.get("collective_cpu", ()))
+                       collective_cpu=comm.get("collective_cpu", ()),
+                       measured_reductions=comm.get("measured_reductions", ()))
         if comm is not None else None
     )
     atomic_write_text(target, json.dumps(device.to_dict(), indent=2) + "\n", "--out")
@@ -281,8 +283,11 @@ def calibrate(
         print(f"gloo p2p over loopback (one way): {sizes}")
         print(f"  fit alpha + n/beta: alpha {cluster_doc['p2p_latency_s'] * 1e6:.1f} us, "
               f"beta {cluster_doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s")
-        ar = ", ".join(f"{int(k)} B {v * 1e6:.0f} us" for k, v in cluster_doc["allreduce_s_by_bytes"].items())
-        print(f"gloo all-reduce over {procs} processes: {ar}")
+        reductions = cluster_doc["measured_reductions"]
+        for g in sorted({int(r[1]) for r in reductions}):
+            ar = ", ".join(f"{size_label(int(b))} {t * 1e3:.2f} ms" for _, gg, b, t in reductions if gg == g)
+            every = "" if g == procs else ", every group at once"
+            print(f"gloo all-reduce over {g} processes{every}: {ar}")
         for line in tp_lines(cluster_doc["measured_collectives"], device, cluster_doc["collective_cpu"]):
             print(line)
         print(f"wrote {target} and {links} in {elapsed:.1f} s")

@@ -43,7 +43,8 @@ from paratrain.cost.types import CollectiveCost
 from paratrain.errors import ConfigError
 from paratrain.spec.cluster import ClusterSpec, TopologyKind
 
-__all__ = ["KINDS", "ALGORITHMS", "collective_time", "algorithms_for", "GroupLayout", "group_layout"]
+__all__ = ["KINDS", "ALGORITHMS", "collective_time", "algorithms_for", "GroupLayout", "group_layout",
+           "measured_reduction_time"]
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
 ALGORITHMS = ("ring", "dbtree", "rhd", "hierarchical", "in_network", "pairwise")
@@ -305,6 +306,9 @@ def _collective(
     layout = group_layout(ranks, cluster)
     if layout.ranks == 1 or nbytes == 0:
         return CollectiveCost(0.0, algorithm or "none", 0.0)
+    measured = measured_reduction_time(cluster.measured_reductions, kind, layout.ranks, nbytes)
+    if measured is not None and algorithm is None:
+        return CollectiveCost(measured, "measured", float(nbytes))
     if kind == "all_to_all":
         t, b = _all_to_all(nbytes, layout)
         return CollectiveCost(t, "pairwise", b)
@@ -324,6 +328,25 @@ def _collective(
             best = CollectiveCost(t, algo, b)
     assert best is not None
     return best
+
+
+def measured_reduction_time(
+    rows: tuple[tuple[str, int, int, float], ...], kind: str, group: int, nbytes: float
+) -> float | None:
+    """Seconds of a ``kind`` collective of ``nbytes`` over ``group`` ranks from a cluster's
+    ``measured_reductions`` (None without rows of that kind and group size): linear between the
+    measured sizes, the smallest size's time below them, the last two sizes' line beyond (a
+    bandwidth-bound collective grows linearly with its message)."""
+    pts = sorted((float(b), t) for k, g, b, t in rows if k == kind and g == group)
+    if not pts:
+        return None
+    if nbytes <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if nbytes <= pts[0][0] else pts[0][1] * nbytes / pts[0][0]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (nbytes - b1)
 
 
 def collective_time(

@@ -47,6 +47,7 @@ from paratrain.spec.device_presets import DEVICE_PRESETS
 __all__ = [
     "ATTENTION_SHAPE",
     "COPY_BYTES",
+    "OVERHEAD_BLOCK",
     "EW_ELEMENTS",
     "VARIATION_SHAPE",
     "Progress",
@@ -57,7 +58,9 @@ __all__ = [
     "measure_machine",
     "measure_variation",
     "measurement_steps",
+    "overhead_block_kernels",
     "reference_attention_op",
+    "size_label",
     "training_attention_efficiency",
     "training_gemm_efficiency",
     "training_gemm_shapes",
@@ -75,7 +78,9 @@ EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens
 OVERHEAD_BLOCK = (16, 2, 8, 1)
 _BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
 _P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
-_ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20)  # 4 bytes: the gradient-norm all-reduce of one scalar
+# 4 bytes: the gradient-norm all-reduce of one scalar; 32 MiB: a data-parallel gradient bucket
+# (DDP's default cap is 25 MiB)
+_ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20, 32 * 2**20)
 _COMM_BUDGET_S = 2.5
 _SUSTAINED_BUDGET_S = 3.0  # long enough to average over the scheduler's time slices (milliseconds)
 _VARIATION_BUDGET_S = 2.5  # ~100 calls of the ~25 ms step below on a 2-core machine
@@ -96,7 +101,7 @@ _CPU_STEPS = (
 )
 
 
-def _size(n: int) -> str:
+def size_label(n: int) -> str:
     for unit, f in (("MiB", 2**20), ("KiB", 2**10)):
         if n >= f:
             return f"{n // f} {unit}"
@@ -104,8 +109,8 @@ def _size(n: int) -> str:
 
 
 _COMM_STEPS = (
-    *(f"p2p {_size(n)}" for n in _P2P_BYTES),
-    *(f"all-reduce {_size(n)}" for n in _ALLREDUCE_BYTES),
+    *(f"p2p {size_label(n)}" for n in _P2P_BYTES),
+    *(f"all-reduce {size_label(n)}" for n in _ALLREDUCE_BYTES),
 )
 
 
@@ -318,9 +323,11 @@ def measure_comm(
     done: int = 0, total: int | None = None,
 ) -> dict[str, Any]:
     """Ping-pong between ranks 0 and 1 (``dist.send``/``dist.recv``, one-way time = half the
-    round trip, mean of the repeats: a run pays the mean) and an all-reduce over all ranks, on the
-    default group: ``{"p2p_s_by_bytes", "allreduce_s_by_bytes", "procs"}``. Every rank must call
-    it; the figures are rank 0's. ``progress`` is told before each message size (counting from
+    round trip, mean of the repeats: a run pays the mean) and all-reduces over every group size
+    that divides the world, all groups at once (the mean over repeats and ranks):
+    ``{"p2p_s_by_bytes", "allreduce_s_by_bytes" (the whole world's), "measured_reductions" (rows
+    ``(kind, group size, bytes, seconds)``), "procs"}``. Every rank must call it; the ping-pong's
+    figures are rank 0's. ``progress`` is told before each message size (counting from
     ``done`` of ``total``)."""
     import torch
     import torch.distributed as dist
@@ -356,23 +363,36 @@ def measure_comm(
                 break
         p2p[nbytes] = statistics.fmean(ts) / 2
     allreduce = {}
+    reductions: list[tuple[str, int, int, float]] = []
+    # every group size that divides the world (consecutive ranks), all groups at once, as the
+    # data-parallel groups of a layout reduce their gradients together
+    groups = {g: (None if g == world else dist.new_subgroups(group_size=g)[0]) for g in tp_group_sizes(world)}
     for j, nbytes in enumerate(_ALLREDUCE_BYTES):
         tell(done + len(_P2P_BYTES) + j, of, _COMM_STEPS[len(_P2P_BYTES) + j])
         buf = torch.zeros(max(1, nbytes // 4))
-        deadline = start + budget_s * (len(_P2P_BYTES) + j + 1) / steps
-        ts = []
-        dist.all_reduce(buf)
-        for _ in range(50):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            ts.append(time.perf_counter() - t0)
-            stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            if stop.item() > 0:
-                break
-        allreduce[nbytes] = statistics.fmean(ts)
-    return {"p2p_s_by_bytes": p2p, "allreduce_s_by_bytes": allreduce, "procs": world}
+        end = start + budget_s * (len(_P2P_BYTES) + j + 1) / steps
+        for k, (g, group) in enumerate(groups.items()):
+            deadline = time.perf_counter() + (end - time.perf_counter()) / (len(groups) - k)
+            ts = []
+            dist.all_reduce(buf, group=group)
+            for _ in range(50):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf, group=group)
+                ts.append(time.perf_counter() - t0)
+                stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+                if stop.item() > 0:
+                    break
+            # the mean over the repeats and over every rank (each rank's group is one of the g-groups)
+            mean = torch.tensor([statistics.fmean(ts)], dtype=torch.float64)
+            dist.all_reduce(mean)
+            seconds = float(mean.item()) / world
+            reductions.append(("all_reduce", g, nbytes, seconds))
+            if g == world:
+                allreduce[nbytes] = seconds
+    return {"p2p_s_by_bytes": p2p, "allreduce_s_by_bytes": allreduce, "measured_reductions": reductions,
+            "procs": world}
 
 
 def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None:

@@ -29,6 +29,8 @@ class LinksDocument(TypedDict):
     measured_collectives: list[list[str | int | float]]
     # the CPU each of them cost a process: [kind, group size, bytes, seconds]
     collective_cpu: list[list[str | int | float]]
+    # collectives alone (no compute), every group of that size at once: [kind, group size, bytes, seconds]
+    measured_reductions: list[list[str | int | float]]
 
 
 def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
@@ -58,11 +60,12 @@ def links_document(
     p2p_s_by_bytes: Mapping[int, float], allreduce_s_by_bytes: Mapping[int, float], procs: int, threads: int,
     measured_collectives: Sequence[tuple[str, int, int, float]] = (), cores: int = 0,
     collective_cpu: Sequence[tuple[str, int, int, float]] = (),
+    measured_reductions: Sequence[tuple[str, int, int, float]] = (),
 ) -> LinksDocument:
     """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times, the raw
     timings (keys: message bytes as strings) and the tensor-parallel collectives as measured
     and the CPU they cost (read by the ``cpu`` cluster preset as its ``measured_collectives`` and
-    ``collective_cpu_s``)."""
+    ``collective_cpu_s``), and the all-reduces timed alone (its ``measured_reductions``)."""
     alpha, beta = fit_alpha_beta([float(n) for n in p2p_s_by_bytes], list(p2p_s_by_bytes.values()))
     return {
         "p2p_latency_s": alpha,
@@ -74,4 +77,5 @@ def links_document(
         "cores": cores,
         "measured_collectives": [list(row) for row in measured_collectives],
         "collective_cpu": [list(row) for row in collective_cpu],
+        "measured_reductions": [list(row) for row in measured_reductions],
     }

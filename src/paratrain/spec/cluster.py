@@ -124,6 +124,12 @@ class ClusterSpec:
     # of a measured collective's time is this work, which competes for the cores; the rest is
     # waiting (paratrain.cost.tensor_parallel). Empty: all of it waiting.
     collective_cpu_s: tuple[tuple[str, int, int, float], ...] = ()
+    # Collectives timed alone, no compute around them, every group of that size at once
+    # (``paratrain calibrate``: all-reduces of 4 B to 32 MiB): (kind, group size, bytes, seconds).
+    # Where it holds the kind and group size, a collective outside a tensor-parallel layer (the
+    # data-parallel reduction, the gradient norm) takes its time from these rows
+    # (paratrain.cost.collectives.measured_reduction_time); empty: the alpha-beta model.
+    measured_reductions: tuple[tuple[str, int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -131,6 +137,8 @@ class ClusterSpec:
         object.__setattr__(self, "measured_collectives", measured_collective_rows(self.measured_collectives))
         cpu = measured_collective_rows(self.collective_cpu_s, "collective_cpu_s")
         object.__setattr__(self, "collective_cpu_s", cpu)
+        object.__setattr__(self, "measured_reductions",
+                           measured_collective_rows(self.measured_reductions, "measured_reductions"))
         if self.tensor_parallel not in ("megatron", "dtensor"):
             raise ConfigError("tensor_parallel", f"unknown tensor-parallel runtime {self.tensor_parallel!r}",
                               "use megatron or dtensor")

@@ -117,6 +117,12 @@ def cpu_collective_cpu() -> tuple[tuple[str, int, int, float], ...]:
     return _calibrated_rows("collective_cpu")
 
 
+def cpu_measured_reductions() -> tuple[tuple[str, int, int, float], ...]:
+    """The all-reduces ``paratrain calibrate`` timed alone on this machine, every group of a size
+    at once (``measured_reductions`` in ``cpu-cluster.json``); empty when none."""
+    return _calibrated_rows("measured_reductions")
+
+
 def cpu_cores() -> tuple[int, int]:
     """``(cores, threads per process)`` that ``paratrain calibrate`` recorded (``cores`` and
     ``threads`` in ``cpu-cluster.json``); ``(0, 1)`` (no sharing modelled) when it recorded no
@@ -153,6 +159,7 @@ def _cpu() -> ClusterSpec:
         cores_per_node=cores,
         threads_per_process=threads,
         collective_cpu_s=cpu_collective_cpu(),
+        measured_reductions=cpu_measured_reductions(),
     )
 
 
