@@ -70,3 +70,16 @@ def test_vocabulary_tp_does_not_divide_is_reported_by_plan(run_cli) -> None:
     code, out, err = run_cli("plan", "--model", "gpt-tiny", "--cluster", "cpu", "--gpus", "4", "--global-batch", "8")
     assert code == 0, err
     assert "runs it (plan -o FILE, then train --config FILE)" in out
+
+
+def test_train_says_when_the_model_asks_for_dropout_it_does_not_run() -> None:
+    """A model that sets dropout (a HF GPT-2 config's resid_pdrop) trains without it: train says
+    so in one line; unset or false dropout says nothing."""
+    from paratrain.runtime.config import dropout_notice
+    from paratrain.spec.model import from_hf_config, preset
+
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "resid_pdrop": 0.1}
+    notice = dropout_notice(from_hf_config(gpt2))
+    assert notice is not None and "dropout" in notice and "\n" not in notice
+    assert dropout_notice(preset("gpt-tiny")) is None  # dropout: false
+    assert dropout_notice(preset("gpt3-1.3b")) is None  # unset: the cost model's family default

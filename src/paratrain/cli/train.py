@@ -299,6 +299,7 @@ def train(
         check_sinks,
         check_task,
         check_world_size,
+        dropout_notice,
     )
     from paratrain.schedule import check_rules
 
@@ -307,6 +308,9 @@ def train(
     if not under_launcher:
         check_world_size(pcfg, nproc if launching and nproc is not None else 1)
     check_model_layout(spec, pcfg)
+    notice = dropout_notice(spec)
+    if notice is not None and int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(f"paratrain: {notice}", err=True)
     if pcfg.pp > 1:
         check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
                     virtual_stages=pcfg.virtual_stages)

@@ -17,7 +17,7 @@ from paratrain.spec.model import ModelSpec
 __all__ = ["TrainConfig", "DP_IMPLS", "TASKS", "check_outputs", "check_host_memory", "check_world_size",
            "check_context_parallel", "check_model_layout", "check_task", "check_compression", "check_checkpointing",
            "check_eval", "check_sinks", "DEFAULT_EVAL_BATCHES", "OPTIMIZERS", "check_kfac", "check_sharding",
-           "default_dp_impl", "train_refusal"]
+           "default_dp_impl", "train_refusal", "dropout_notice"]
 
 DP_IMPLS = ("paratrain", "ddp", "fsdp")
 TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/image_task.py)
@@ -331,6 +331,16 @@ def default_dp_impl(config: ParallelConfig) -> str:
     """What ``train`` runs a layout's data parallelism with when ``--dp-impl`` is not given: FSDP2
     for zero2 / zero3, paratrain's own reduction (and distributed optimizer for zero1) otherwise."""
     return "fsdp" if config.sharding in ("zero2", "zero3") else "paratrain"
+
+
+def dropout_notice(model: ModelSpec) -> str | None:
+    """The line ``paratrain train`` prints when the model asks for dropout (``dropout: true``,
+    e.g. a HF GPT-2 config's ``resid_pdrop``), which the runtime's models do not run; None otherwise
+    (unset dropout is the cost model's family default and says nothing about the run)."""
+    if model.dropout:
+        return ("note: the model sets dropout, which paratrain train does not run (its layers have no "
+                "dropout); the cost model's predictions of this run need --no-dropout or dropout: false")
+    return None
 
 
 def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
