@@ -95,6 +95,7 @@ def test_two_process_calibration_writes_device_and_links(run_cli, tmp_path, monk
     rows = links["measured_reductions"]
     assert [(k, g, b) for k, g, b, _ in rows] == [("all_reduce", 2, int(b), ) for b in links["allreduce_s_by_bytes"]]
     assert [t for *_, t in rows] == list(links["allreduce_s_by_bytes"].values())
+    assert links["measured_p2p"] == []  # two processes: none left to load the cores while they ping-pong
     assert doc["device"]["sm_count"] == 1
     c = resolve_cluster("cpu", gpus=2)
     assert c.measured_reductions == tuple(tuple(r) for r in rows)

@@ -270,3 +270,19 @@ def test_measured_reductions_time_the_collectives_outside_tensor_parallel_layers
     assert collective_time("all_gather", 2000, four, cpu) == collective_time("all_gather", 2000, four, base)
     assert collective_time("all_reduce", 2000, four, cpu, "ring") == collective_time("all_reduce", 2000, four, base,
                                                                                       "ring")
+
+
+def test_point_to_point_under_load_takes_the_loaded_ping_pong() -> None:
+    """On a host whose ping-pong was also timed while the other processes computed
+    (``measured_p2p``), a transfer takes that time, interpolated over the message size; without
+    it, the link's alpha-beta."""
+    base = resolve_cluster("cpu", gpus=4)
+    rows = (("p2p", 2, 4096, 2e-3), ("p2p", 2, 1 << 20, 3e-3))
+    loaded = dataclasses.replace(base, measured_p2p=rows)
+    mid = 4096 + ((1 << 20) - 4096) // 2
+    cost = collective_time("p2p", mid, (0, 1), loaded)
+    assert (cost.time_s, cost.algorithm) == (pytest.approx(2.5e-3), "measured")
+    assert collective_time("p2p", 100, (2, 3), loaded).time_s == 2e-3
+    assert collective_time("p2p", 100, (1, 1), loaded).time_s == 0.0  # to itself: nothing moves
+    link = base.intra_link
+    assert collective_time("p2p", mid, (0, 1), base).time_s == pytest.approx(link.latency_s + mid / link.bandwidth_Bps)

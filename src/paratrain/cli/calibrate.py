@@ -229,7 +229,8 @@ def calibrate(
         links_document(comm["p2p_s_by_bytes"], comm["allreduce_s_by_bytes"], procs, threads,
                        comm.get("measured_collectives", ()), cores=int(m.get("cores", 0)),
                        collective_cpu=comm.get("collective_cpu", ()),
-                       measured_reductions=comm.get("measured_reductions", ()))
+                       measured_reductions=comm.get("measured_reductions", ()),
+                       measured_p2p=comm.get("measured_p2p", ()))
         if comm is not None else None
     )
     atomic_write_text(target, json.dumps(device.to_dict(), indent=2) + "\n", "--out")
@@ -281,6 +282,9 @@ def calibrate(
     if cluster_doc is not None:
         sizes = ", ".join(f"{int(k) // 1024} KiB {v * 1e6:.0f} us" for k, v in cluster_doc["p2p_s_by_bytes"].items())
         print(f"gloo p2p over loopback (one way): {sizes}")
+        if cluster_doc["measured_p2p"]:
+            loaded = ", ".join(f"{size_label(int(b))} {t * 1e3:.2f} ms" for *_, b, t in cluster_doc["measured_p2p"])
+            print(f"  while the other processes compute: {loaded}")
         print(f"  fit alpha + n/beta: alpha {cluster_doc['p2p_latency_s'] * 1e6:.1f} us, "
               f"beta {cluster_doc['p2p_bandwidth_Bps'] / 1e9:.2f} GB/s")
         reductions = cluster_doc["measured_reductions"]

@@ -300,6 +300,9 @@ def _collective(
         src, dst = ranks
         if src == dst:
             return CollectiveCost(0.0, "local", 0.0)
+        loaded = measured_reduction_time(cluster.measured_p2p, "p2p", 2, nbytes)
+        if loaded is not None:
+            return CollectiveCost(loaded, "measured", float(nbytes))
         layout = group_layout(ranks, cluster)
         a, bw = layout.flat("global")
         return CollectiveCost(a + nbytes / bw, "direct", float(nbytes))

@@ -362,6 +362,7 @@ def measure_comm(
             if stop.item() > 0:
                 break
         p2p[nbytes] = statistics.fmean(ts) / 2
+    loaded = _loaded_ping_pong(rank, world) if world > 2 else []
     allreduce = {}
     reductions: list[tuple[str, int, int, float]] = []
     # every group size that divides the world (consecutive ranks), all groups at once, as the
@@ -392,7 +393,55 @@ def measure_comm(
             if g == world:
                 allreduce[nbytes] = seconds
     return {"p2p_s_by_bytes": p2p, "allreduce_s_by_bytes": allreduce, "measured_reductions": reductions,
-            "procs": world}
+            "measured_p2p": loaded, "procs": world}
+
+
+# Exchanges per message size of the loaded ping-pong, the compute between two of them (a pipeline
+# stage computes a micro-batch between its transfers), and how long the other ranks compute: well
+# past the pair's exchanges (under 0.5 s here), which therefore all see busy cores.
+_LOADED_EXCHANGES = 8
+_LOADED_GAP_S = 0.005
+_LOAD_S = 2.0
+
+
+def _loaded_ping_pong(rank: int, world: int) -> list[tuple[str, int, int, float]]:
+    """One-way times of a ping-pong between ranks 0 and 1 at ``_P2P_BYTES`` while every other
+    rank computes, the pair computing ``_LOADED_GAP_S`` between exchanges: a pipeline's transfer
+    on a host whose cores are all busy, where the receiver, woken by the message, waits for a core
+    (the ping-pong alone finds them idle). Rows ``("p2p", 2, bytes, seconds)``, the mean over the
+    exchanges, from rank 0; every rank must call it."""
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(128, 128)
+
+    def compute(seconds: float) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ a
+
+    rows: list[tuple[str, int, int, float]] = []
+    dist.barrier()
+    if rank >= 2:
+        compute(_LOAD_S)
+        dist.barrier()
+        return rows
+    for nbytes in _P2P_BYTES:
+        buf = torch.zeros(nbytes // 4)
+        ts = []
+        for _ in range(_LOADED_EXCHANGES + 1):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            ts.append(time.perf_counter() - t0)
+            compute(_LOADED_GAP_S)
+        rows.append(("p2p", 2, nbytes, statistics.fmean(ts[1:]) / 2))  # the first exchange warms up
+    dist.barrier()
+    return rows
 
 
 def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None:

@@ -31,6 +31,8 @@ class LinksDocument(TypedDict):
     collective_cpu: list[list[str | int | float]]
     # collectives alone (no compute), every group of that size at once: [kind, group size, bytes, seconds]
     measured_reductions: list[list[str | int | float]]
+    # one-way p2p while every other process computes: ["p2p", 2, bytes, seconds]
+    measured_p2p: list[list[str | int | float]]
 
 
 def fit_alpha_beta(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
@@ -61,11 +63,13 @@ def links_document(
     measured_collectives: Sequence[tuple[str, int, int, float]] = (), cores: int = 0,
     collective_cpu: Sequence[tuple[str, int, int, float]] = (),
     measured_reductions: Sequence[tuple[str, int, int, float]] = (),
+    measured_p2p: Sequence[tuple[str, int, int, float]] = (),
 ) -> LinksDocument:
     """What ``cpu-cluster.json`` holds: the link fitted to the ping-pong's one-way times, the raw
     timings (keys: message bytes as strings) and the tensor-parallel collectives as measured
     and the CPU they cost (read by the ``cpu`` cluster preset as its ``measured_collectives`` and
-    ``collective_cpu_s``), and the all-reduces timed alone (its ``measured_reductions``)."""
+    ``collective_cpu_s``), the all-reduces timed alone (its ``measured_reductions``) and the
+    ping-pong under load (its ``measured_p2p``)."""
     alpha, beta = fit_alpha_beta([float(n) for n in p2p_s_by_bytes], list(p2p_s_by_bytes.values()))
     return {
         "p2p_latency_s": alpha,
@@ -78,4 +82,5 @@ def links_document(
         "measured_collectives": [list(row) for row in measured_collectives],
         "collective_cpu": [list(row) for row in collective_cpu],
         "measured_reductions": [list(row) for row in measured_reductions],
+        "measured_p2p": [list(row) for row in measured_p2p],
     }

@@ -130,6 +130,11 @@ class ClusterSpec:
     # data-parallel reduction, the gradient norm) takes its time from these rows
     # (paratrain.cost.collectives.measured_reduction_time); empty: the alpha-beta model.
     measured_reductions: tuple[tuple[str, int, int, float], ...] = ()
+    # One-way point-to-point times measured while every other process computes (``paratrain
+    # calibrate``'s loaded ping-pong): ("p2p", 2, bytes, seconds). A host whose cores are all busy
+    # wakes the receiver late; pipeline transfers on such a node take these times
+    # (paratrain.cost.collectives). Empty: the link's alpha-beta.
+    measured_p2p: tuple[tuple[str, int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -139,6 +144,7 @@ class ClusterSpec:
         object.__setattr__(self, "collective_cpu_s", cpu)
         object.__setattr__(self, "measured_reductions",
                            measured_collective_rows(self.measured_reductions, "measured_reductions"))
+        object.__setattr__(self, "measured_p2p", measured_collective_rows(self.measured_p2p, "measured_p2p"))
         if self.tensor_parallel not in ("megatron", "dtensor"):
             raise ConfigError("tensor_parallel", f"unknown tensor-parallel runtime {self.tensor_parallel!r}",
                               "use megatron or dtensor")

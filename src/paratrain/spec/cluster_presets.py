@@ -123,6 +123,12 @@ def cpu_measured_reductions() -> tuple[tuple[str, int, int, float], ...]:
     return _calibrated_rows("measured_reductions")
 
 
+def cpu_measured_p2p() -> tuple[tuple[str, int, int, float], ...]:
+    """The one-way times of ``paratrain calibrate``'s ping-pong while the other processes compute
+    (``measured_p2p`` in ``cpu-cluster.json``); empty when none."""
+    return _calibrated_rows("measured_p2p")
+
+
 def cpu_cores() -> tuple[int, int]:
     """``(cores, threads per process)`` that ``paratrain calibrate`` recorded (``cores`` and
     ``threads`` in ``cpu-cluster.json``); ``(0, 1)`` (no sharing modelled) when it recorded no
@@ -160,6 +166,7 @@ def _cpu() -> ClusterSpec:
         threads_per_process=threads,
         collective_cpu_s=cpu_collective_cpu(),
         measured_reductions=cpu_measured_reductions(),
+        measured_p2p=cpu_measured_p2p(),
     )
 
 
