@@ -41,12 +41,13 @@ class KernelCount(TorchDispatchMode):
         return out
 
 
-def _count(fn, inputs: list[torch.Tensor], n: int) -> tuple[KernelCount, KernelCount]:  # noqa: ANN001
-    fwd = KernelCount(n)
+def _count(fn, inputs: list[torch.Tensor], n: int, mode: type[KernelCount] = KernelCount,  # noqa: ANN001
+           ) -> tuple[KernelCount, KernelCount]:
+    fwd = mode(n)
     with fwd:
         y = fn(*inputs)
     dy = torch.randn_like(y)
-    bwd = KernelCount(n)
+    bwd = mode(n)
     with bwd:
         y.backward(dy)
     return fwd, bwd
@@ -118,17 +119,6 @@ class ElementwiseCount(KernelCount):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def _count_elementwise(fn, inputs: list[torch.Tensor], n: int) -> tuple[KernelCount, KernelCount]:  # noqa: ANN001
-    fwd = ElementwiseCount(n)
-    with fwd:
-        y = fn(*inputs)
-    dy = torch.randn_like(y)
-    bwd = ElementwiseCount(n)
-    with bwd:
-        y.backward(dy)
-    return fwd, bwd
-
-
 def test_eager_gpt_layer_adds_its_biases_inside_the_gemms() -> None:
     """``nn.Linear`` with a bias is one ``addmm``: the GeLU and the residual add run alone, and the
     backward reduces the output gradient over the tokens for the bias (what the runtime's GPT
@@ -140,7 +130,7 @@ def test_eager_gpt_layer_adds_its_biases_inside_the_gemms() -> None:
     t, h, f = 64, 32, 128
     x = torch.randn(t, h, requires_grad=True)
     w1, b1 = torch.randn(f, h, requires_grad=True), torch.randn(f, requires_grad=True)
-    fwd, bwd = _count_elementwise(lambda x: F.gelu(F.linear(x, w1, b1), approximate="tanh"), [x], t * f)
+    fwd, bwd = _count(lambda x: F.gelu(F.linear(x, w1, b1), approximate="tanh"), [x], t * f, ElementwiseCount)
     tiny = dataclasses.replace(preset("gpt-tiny"), hidden=h, ffn=f, seq=t)  # fp32, bias, no dropout
     ops = {o.name: o for o in layer_ops(tiny, microbatch=1, attention="flash", fused=False)}
     assert "fc1_bias" not in ops and ops["gelu"].kind == "activation"
@@ -151,7 +141,7 @@ def test_eager_gpt_layer_adds_its_biases_inside_the_gemms() -> None:
     # the residual stream's gradient passes through the add (no kernel; a leaf would add a copy)
     a, res = torch.randn(t, f, requires_grad=True), torch.randn(t, h)
     w2, b2 = torch.randn(h, f, requires_grad=True), torch.randn(h, requires_grad=True)
-    fwd, bwd = _count_elementwise(lambda a, res: res + F.linear(a, w2, b2), [a, res], t * h)
+    fwd, bwd = _count(lambda a, res: res + F.linear(a, w2, b2), [a, res], t * h, ElementwiseCount)
     op = ops["mlp_residual"]
     assert op.fwd_bytes == fwd.read + fwd.written  # the add: two tensors in, one out
     assert op.bwd_bytes == bwd.read + bwd.written  # the bias gradient reads dy
