@@ -10,9 +10,9 @@ With several processes (:func:`measure_machine`, ``procs > 1``; the pipeline ben
 the measurement runs in ``procs`` processes of ``threads`` threads each, joined by gloo over the
 loopback interface as ``paratrain train`` joins them: all processes measure the compute figures at
 the same time (so the figures are what one process gets while the others compute too: shared
-cores, caches and memory bandwidth), then ranks 0 and 1 time a send/recv ping-pong over a few
-message sizes and every rank an all-reduce. The link's alpha and beta are fitted to the ping-pong
-by :func:`paratrain.sim.fit_links.fit_alpha_beta`.
+cores, caches and memory bandwidth), then the link (:mod:`paratrain.runtime.calibrate_comm`:
+ping-pongs and all-reduces) and tensor parallelism (:mod:`paratrain.runtime.calibrate_tp`). The
+link's alpha and beta are fitted to the ping-pong by :func:`paratrain.sim.fit_links.fit_alpha_beta`.
 
 With several processes the compute figures are *sustained* rates: work done over the wall time
 of back-to-back calls, not the best call. A training step is a long sum of kernels, so its
@@ -39,6 +39,7 @@ from typing import Any
 
 from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
+from paratrain.runtime.calibrate_comm import COMM_STEPS, measure_comm, size_label
 from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch, tp_group_sizes
 from paratrain.runtime.forkserver import forked_workers, worker_started
 from paratrain.spec.device import DeviceSpec
@@ -77,11 +78,6 @@ EW_ELEMENTS = 2**20  # 4 MiB of fp32: an activation of a small model (512 tokens
 # microsecond, so its time is the framework's per-operator cost
 OVERHEAD_BLOCK = (16, 2, 8, 1)
 _BUDGET_S = 2.5  # keeps the whole command, torch import included, under 10 s on a loaded machine
-_P2P_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 1 * 2**20, 4 * 2**20)
-# 4 bytes: the gradient-norm all-reduce of one scalar; 32 MiB: a data-parallel gradient bucket
-# (DDP's default cap is 25 MiB)
-_ALLREDUCE_BYTES = (4, 256 * 2**10, 4 * 2**20, 32 * 2**20)
-_COMM_BUDGET_S = 2.5
 _SUSTAINED_BUDGET_S = 3.0  # long enough to average over the scheduler's time slices (milliseconds)
 _VARIATION_BUDGET_S = 2.5  # ~100 calls of the ~25 ms step below on a 2-core machine
 VARIATION_SHAPE = (512, 256, 1024)  # tokens, hidden, FFN: a small transformer MLP's forward + backward
@@ -101,22 +97,9 @@ _CPU_STEPS = (
 )
 
 
-def size_label(n: int) -> str:
-    for unit, f in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= f:
-            return f"{n // f} {unit}"
-    return f"{n} B"
-
-
-_COMM_STEPS = (
-    *(f"p2p {size_label(n)}" for n in _P2P_BYTES),
-    *(f"all-reduce {size_label(n)}" for n in _ALLREDUCE_BYTES),
-)
-
-
 def measurement_steps(procs: int) -> int:
     """How many measurements :func:`measure_machine` reports through its ``progress``."""
-    return len(_CPU_STEPS) + (len(_COMM_STEPS) + len(tp_group_sizes(procs)) + 1 if procs > 1 else 0)
+    return len(_CPU_STEPS) + (len(COMM_STEPS) + len(tp_group_sizes(procs)) + 1 if procs > 1 else 0)
 
 
 def _no_progress(done: int, total: int, what: str) -> None:
@@ -318,132 +301,6 @@ def _told(tell: Progress, i: int, of: int, fn: Callable[[], float]) -> float:
     return fn()
 
 
-def measure_comm(
-    rank: int, world: int, budget_s: float = _COMM_BUDGET_S, *, progress: Progress | None = None,
-    done: int = 0, total: int | None = None,
-) -> dict[str, Any]:
-    """Ping-pong between ranks 0 and 1 (``dist.send``/``dist.recv``, one-way time = half the
-    round trip, mean of the repeats: a run pays the mean) and all-reduces over every group size
-    that divides the world, all groups at once (the mean over repeats and ranks):
-    ``{"p2p_s_by_bytes", "allreduce_s_by_bytes" (the whole world's), "measured_reductions" (rows
-    ``(kind, group size, bytes, seconds)``), "procs"}``. Every rank must call it; the ping-pong's
-    figures are rank 0's. ``progress`` is told before each message size (counting from
-    ``done`` of ``total``)."""
-    import torch
-    import torch.distributed as dist
-
-    start = time.perf_counter()
-    steps = len(_P2P_BYTES) + len(_ALLREDUCE_BYTES)
-    tell = progress or _no_progress
-    of = total if total is not None else steps
-    p2p = {}
-    for i, nbytes in enumerate(_P2P_BYTES):
-        tell(done + i, of, _COMM_STEPS[i])
-        buf = torch.zeros(nbytes // 4)
-        deadline = start + budget_s * (i + 1) / steps
-
-        def ping_pong(buf: Any = buf) -> None:
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            elif rank == 1:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-
-        ts = []
-        ping_pong()
-        for _ in range(50):
-            t0 = time.perf_counter()
-            ping_pong()
-            ts.append(time.perf_counter() - t0)
-            # every rank stops after the same repeat (the ends of a ping-pong must agree)
-            stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            if stop.item() > 0:
-                break
-        p2p[nbytes] = statistics.fmean(ts) / 2
-    loaded = _loaded_ping_pong(rank, world) if world > 2 else []
-    allreduce = {}
-    reductions: list[tuple[str, int, int, float]] = []
-    # every group size that divides the world (consecutive ranks), all groups at once, as the
-    # data-parallel groups of a layout reduce their gradients together
-    groups = {g: (None if g == world else dist.new_subgroups(group_size=g)[0]) for g in tp_group_sizes(world)}
-    for j, nbytes in enumerate(_ALLREDUCE_BYTES):
-        tell(done + len(_P2P_BYTES) + j, of, _COMM_STEPS[len(_P2P_BYTES) + j])
-        buf = torch.zeros(max(1, nbytes // 4))
-        end = start + budget_s * (len(_P2P_BYTES) + j + 1) / steps
-        for k, (g, group) in enumerate(groups.items()):
-            deadline = time.perf_counter() + (end - time.perf_counter()) / (len(groups) - k)
-            ts = []
-            dist.all_reduce(buf, group=group)
-            for _ in range(50):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf, group=group)
-                ts.append(time.perf_counter() - t0)
-                stop = torch.tensor([1.0 if (time.perf_counter() > deadline and len(ts) >= 5) else 0.0])
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-                if stop.item() > 0:
-                    break
-            # the mean over the repeats and over every rank (each rank's group is one of the g-groups)
-            mean = torch.tensor([statistics.fmean(ts)], dtype=torch.float64)
-            dist.all_reduce(mean)
-            seconds = float(mean.item()) / world
-            reductions.append(("all_reduce", g, nbytes, seconds))
-            if g == world:
-                allreduce[nbytes] = seconds
-    return {"p2p_s_by_bytes": p2p, "allreduce_s_by_bytes": allreduce, "measured_reductions": reductions,
-            "measured_p2p": loaded, "procs": world}
-
-
-# Exchanges per message size of the loaded ping-pong, the compute between two of them (a pipeline
-# stage computes a micro-batch between its transfers), and how long the other ranks compute: well
-# past the pair's exchanges (under 0.5 s here), which therefore all see busy cores.
-_LOADED_EXCHANGES = 8
-_LOADED_GAP_S = 0.005
-_LOAD_S = 2.0
-
-
-def _loaded_ping_pong(rank: int, world: int) -> list[tuple[str, int, int, float]]:
-    """One-way times of a ping-pong between ranks 0 and 1 at ``_P2P_BYTES`` while every other
-    rank computes, the pair computing ``_LOADED_GAP_S`` between exchanges: a pipeline's transfer
-    on a host whose cores are all busy, where the receiver, woken by the message, waits for a core
-    (the ping-pong alone finds them idle). Rows ``("p2p", 2, bytes, seconds)``, the mean over the
-    exchanges, from rank 0; every rank must call it."""
-    import torch
-    import torch.distributed as dist
-
-    a = torch.randn(128, 128)
-
-    def compute(seconds: float) -> None:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            a @ a
-
-    rows: list[tuple[str, int, int, float]] = []
-    dist.barrier()
-    if rank >= 2:
-        compute(_LOAD_S)
-        dist.barrier()
-        return rows
-    for nbytes in _P2P_BYTES:
-        buf = torch.zeros(nbytes // 4)
-        ts = []
-        for _ in range(_LOADED_EXCHANGES + 1):
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            ts.append(time.perf_counter() - t0)
-            compute(_LOADED_GAP_S)
-        rows.append(("p2p", 2, nbytes, statistics.fmean(ts[1:]) / 2))  # the first exchange warms up
-    dist.barrier()
-    return rows
-
-
 def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None:
     """One calibration process: compute figures measured while every process measures, then the
     communication figures. Messages to the parent: ``("progress", rank, (done, total, what))``
@@ -465,7 +322,7 @@ def _worker(rank: int, world: int, threads: int, store: str, queue: Any) -> None
         cpu = measure_cpu(_SUSTAINED_BUDGET_S, sustained=True, progress=progress, total=total)
         dist.barrier()
         comm = measure_comm(rank, world, progress=progress, done=len(_CPU_STEPS), total=total)
-        done = len(_CPU_STEPS) + len(_COMM_STEPS)
+        done = len(_CPU_STEPS) + len(COMM_STEPS)
         if progress is not None:
             progress(done, total, "DTensor dispatch")
         # the mean over the processes: the collectives' figures are what a block costs beyond it

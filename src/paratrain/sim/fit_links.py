@@ -1,7 +1,7 @@
 """Fit the ``cpu`` cluster's link to measured message times (``paratrain calibrate``).
 
 The one-way times of a gloo send/recv ping-pong over a few message sizes
-(:func:`paratrain.runtime.calibrate.measure_comm`) are fitted with Hockney's model
+(:func:`paratrain.runtime.calibrate_comm.measure_comm`) are fitted with Hockney's model
 ``time = alpha + bytes / beta`` (Hockney 1994) by least squares; alpha and beta become the link
 latency and bandwidth of the ``cpu`` cluster preset (``cpu-cluster.json``, read by
 :func:`paratrain.spec.cluster_presets.cpu_links`).
