@@ -61,6 +61,7 @@ __all__ = [
     "op_time",
     "op_time_split",
     "op_bound",
+    "memory_efficiency",
     "op_kernels",
     "host_bound_time",
     "kv_dim_per_rank",
@@ -323,6 +324,12 @@ def _roofline(flops: float, nbytes: float, peak: float, eff: float, device: Devi
     return max(compute, memory) + device.kernel_overhead_s
 
 
+def memory_efficiency(op: Op, device: DeviceSpec) -> float:
+    """The fraction of peak bandwidth ``op``'s memory traffic sustains: the MLP's activation at the
+    device's own rate for it where it has one (a CPU's tanh), everything else at ``memory_efficiency``."""
+    return device.activation_memory_efficiency if op.kind == "activation" else device.memory_efficiency
+
+
 def _attention_efficiency(op: Op, device: DeviceSpec) -> float:
     assert op.attention_shape is not None
     m, n, k = op.attention_shape
@@ -350,7 +357,7 @@ def op_time_split(op: Op, device: DeviceSpec, dtype: str) -> tuple[float, float,
     # the MLP's activation at its own rate where the device has one (a CPU's tanh).
     peak = device.peak_fp32_flops
     eff = 1.0
-    mem = device.activation_memory_efficiency if op.kind == "activation" else None
+    mem = memory_efficiency(op, device)
     # one kernel overhead per kernel of a multi-kernel composite (eager PyTorch's), as op_kernels counts
     extra = device.kernel_overhead_s
     fwd = _roofline(op.fwd_flops, op.fwd_bytes, peak, eff, device, mem) + (op.fwd_kernels - 1) * extra
@@ -402,6 +409,6 @@ def op_bound(op: Op, device: DeviceSpec, dtype: str) -> str:
         compute = op.fwd_flops / (gemm_peak_flops(device, g) * gemm_efficiency(m, n, k, device, op.batch, g))
     else:
         compute = op.fwd_flops / device.peak_fp32_flops
-    mem = device.activation_memory_efficiency if op.kind == "activation" else device.memory_efficiency
+    mem = memory_efficiency(op, device)
     memory = op.fwd_bytes / (device.memory_bandwidth_Bps * mem)
     return "compute" if compute >= memory else "memory"
