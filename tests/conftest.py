@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The suite's training runs are CPU runs (their numerical checks are meant for every x86-64 CPU),
+# also on a machine with a GPU; tests/runtime/test_gpu_runtime.py asks for CUDA itself. Set here,
+# not in a fixture, so every subprocess a test launches inherits it.
+os.environ["PARATRAIN_DEVICE"] = "cpu"
 
 # The longest files, longest first (pytest --durations, 2026-11-24): xdist hands files out in
 # collection order, so these start first and the short ones fill the end.

@@ -2,8 +2,9 @@
 
 Run by tests/runtime/test_pipeline_equivalence.py as
 ``python -m torch.distributed.run --nproc-per-node N tests/runtime/pipeline_harness.py --out DIR ...``.
-For each ``--schedules`` entry (``name``, ``name:untied``, ``name:fp64`` — the model and every
-tensor it makes in float64 — or ``name:noprefetch``, every receive posted at its own action) it
+For each ``--schedules`` entry (``name`` and any of the variants ``:untied``, ``:fp64`` — the model
+and every tensor it makes in float64 — and ``:noprefetch``, every receive posted at its own
+action, e.g. ``2bw:untied:fp64``) it
 builds a fresh
 :class:`~paratrain.runtime.train.Trainer` on the same process group, trains ``--steps`` steps and
 rank 0 saves ``DIR/<name>.pt`` = {losses, grad_norms, params}. One launch per layout keeps the
@@ -46,18 +47,18 @@ def main() -> None:
     base = ParallelConfig(pp=a.pp, dp=a.dp, tp=a.tp, microbatch=a.microbatch, global_batch=a.global_batch)
     ctx = init_runtime(base, timeout_s=120)
     for entry in a.schedules.split(","):
-        name, _, variant = entry.partition(":")
+        name, *variants = entry.split(":")
         # No biases: the key projection's bias has an identically zero gradient (softmax ignores a
         # constant added to every key), so its value would be rounding noise that Adam amplifies.
-        spec = dataclasses.replace(preset("gpt-tiny"), layers=a.layers, tied_embeddings=variant != "untied",
+        spec = dataclasses.replace(preset("gpt-tiny"), layers=a.layers, tied_embeddings="untied" not in variants,
                                    bias=False)
         cfg = base.with_overrides(schedule=name, virtual_stages=2 if name == "interleaved" else 1)
         trace = f"{a.out}/{entry.replace(':', '-')}.trace.json" if a.trace and cfg.pp > 1 else None
         train = TrainConfig(steps=a.steps, seed=a.seed, lr=a.lr, data="stdlib", data_cap_bytes=DATA_CAP_BYTES,
                             progress=False, timeout_s=120, trace=trace,
-                            prefetch_receives=0 if variant == "noprefetch" else None)
+                            prefetch_receives=0 if "noprefetch" in variants else None)
         torch.manual_seed(a.seed)
-        torch.set_default_dtype(torch.float64 if variant == "fp64" else torch.float32)
+        torch.set_default_dtype(torch.float64 if "fp64" in variants else torch.float32)
         trainer = Trainer(dataclasses.replace(ctx, config=cfg), spec, train)
         rows = [trainer.train_step(k) for k in range(a.steps)]
         params = trainer.full_parameters()

@@ -77,3 +77,18 @@ def test_calibrate_gpu_bad_input(run_cli, monkeypatch):
     code, _, err = run_cli("simulate", "--model", "gpt3-125m", "--cluster", "dgx-a100", "--gpus", "8", "--dp", "8",
                            "--calibration", "measured")
     assert_one_line_error(code, err, "--calibration", "calibrate --gpu a100-80gb")
+
+
+def test_the_shipped_h100_calibration_is_its_measured_times_and_applies_without_a_local_one(tmp_path, monkeypatch):
+    """data/measured/h100.json was measured on an H100 SXM: its efficiencies follow from its own
+    raw times, and `--calibration measured` uses it when this machine measured none."""
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))  # an empty cache: nothing measured here
+    shipped = json.loads(gpu_calibrate.shipped_calibration_path("h100").read_text())
+    assert shipped["measured"]["torch_device"] == "NVIDIA H100 80GB HBM3" and shipped["measured"]["dtype"] == "bf16"
+    again = gpu_calibrate.efficiencies(shipped["measured"], H100)
+    for f in gpu_calibrate.MEASURED_FIELDS:
+        assert again[f] == pytest.approx(shipped[f], rel=1e-12)
+    assert not gpu_calibrate.measured_calibration_path("h100").exists()
+    assert gpu_calibrate.load_measured("h100") == {f: shipped[f] for f in gpu_calibrate.MEASURED_FIELDS}
+    cluster = apply_calibration(resolve_cluster("dgx-h100"), "measured")
+    assert cluster.device.gemm_efficiency == shipped["gemm_efficiency"]

@@ -5,6 +5,9 @@ vTrain project (MIT licence; source and licence in ``vtrain/README.md`` and ``vt
 
 ``publicruns/``: published end-to-end training throughputs on A100 and H100, one source per row
 (``publicruns/README.md``, ``publicruns/LICENCE``).
+
+``measured/``: GPU kernel rates measured by ``paratrain calibrate --gpu PRESET`` on a real GPU of
+the preset (``measured/README.md``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 
 __all__ = [
     "GEMM_SHAPES", "ATTENTION_SHAPE", "COPY_BYTES", "MEASURED_FIELDS", "measure_gpu", "efficiencies",
-    "cuda_available", "measured_calibration_path", "load_measured",
+    "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured",
 ]
 
 # (m, n, k): a Llama-8B-like layer at 8,192 tokens (QKV with GQA, attention output, MLP up and down)
@@ -151,6 +151,14 @@ def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]
     }
 
 
+def shipped_calibration_path(preset: str) -> Path:
+    """A measured calibration shipped with paratrain (``paratrain/data/measured/PRESET.json``:
+    measured on such a GPU by the project; see its README)."""
+    from paratrain.data import DATA_DIR
+
+    return DATA_DIR / "measured" / f"{preset}.json"
+
+
 def measured_calibration_path(preset: str) -> Path:
     """Where ``paratrain calibrate --gpu PRESET`` stores the preset's measured calibration, beside
     the ``cpu`` one (``$PARATRAIN_CACHE``, ``~/.cache/paratrain`` by default); ``--calibration
@@ -159,11 +167,14 @@ def measured_calibration_path(preset: str) -> Path:
 
 
 def load_measured(preset: str, field: str = "--calibration") -> dict[str, float]:
-    """The stored efficiencies of ``preset`` (:func:`measured_calibration_path`)."""
+    """The stored efficiencies of ``preset``: this machine's (:func:`measured_calibration_path`),
+    else the one shipped for it (:func:`shipped_calibration_path`)."""
     path = measured_calibration_path(preset)
     fix = f"run `paratrain calibrate --gpu {preset}` on that GPU first"
     if not path.is_file():
-        raise ConfigError(field, f"there is no measured calibration of {preset} at {str(path)!r}", fix)
+        if not shipped_calibration_path(preset).is_file():
+            raise ConfigError(field, f"there is no measured calibration of {preset} at {str(path)!r}", fix)
+        path = shipped_calibration_path(preset)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         out = {f: float(doc[f]) for f in MEASURED_FIELDS}

@@ -13,6 +13,7 @@ which ends a worker at once and silently, then SIGKILL after ``shutdown_timeout`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -121,11 +122,14 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
     if threads_per_proc is None:
         # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
         threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)
+    # LaunchConfig took shutdown_timeout only in later torch releases (2.11 lacks it)
+    extra = ({"shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+             if "shutdown_timeout" in inspect.signature(LaunchConfig).parameters else {})
     lc = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"paratrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_configs={"timeout": int(train.timeout_s)},
         max_restarts=0, monitor_interval=0.1, start_method="forkserver", local_addr="127.0.0.1",
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        **extra,
         # SIGINT and SIGTERM are ours (_stop_on_signals): torch's handlers would pass SIGTERM on
         signals_to_handle="SIGHUP,SIGQUIT",
     )

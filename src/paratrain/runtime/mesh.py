@@ -2,8 +2,9 @@
 
 The mesh's dims are the config's ``mesh_order`` (default ``("pp", "dp", "tp")``, outermost to
 innermost), so a rank's mesh coordinate is exactly ``ParallelConfig.coords_of(rank)``: tensor-parallel
-ranks are consecutive, pipeline stages outermost (Megatron-LM's layout). Backend: NCCL when CUDA
-is available, gloo otherwise. The world size is checked against the config before any process
+ranks are consecutive, pipeline stages outermost (Megatron-LM's layout). Device and backend:
+:func:`runtime_device` (NCCL when every local process has a GPU of its own, gloo on the CPU
+otherwise; ``PARATRAIN_DEVICE`` decides when set). The world size is checked against the config before any process
 group exists, with the failing arithmetic in the message (torchtitan's ``parallel_dims.py``).
 """
 
@@ -21,7 +22,10 @@ from paratrain.parallel.config import ParallelConfig
 
 from .config import check_model_layout, check_world_size
 
-__all__ = ["RendezvousError", "RuntimeContext", "check_world_size", "check_model_layout", "init_runtime", "env_world"]
+__all__ = ["RendezvousError", "RuntimeContext", "check_world_size", "check_model_layout", "init_runtime", "env_world",
+           "runtime_device", "DEVICE_ENV"]
+
+DEVICE_ENV = "PARATRAIN_DEVICE"
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: st
     """
     rank, world, local_rank = env_world()
     check_world_size(config, world)
-    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    use_cuda = runtime_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), device, notice=rank == 0) == "cuda"
     backend = "nccl" if use_cuda else "gloo"
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -113,6 +117,43 @@ def init_runtime(config: ParallelConfig, *, timeout_s: float = 300.0, device: st
     dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if config.cp > 1 else None
     return RuntimeContext(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend,
                           mesh=mesh, config=config, timeout_s=timeout_s, dp_cp_mesh=dp_cp)
+
+
+def runtime_device(local_world: int, requested: str | None = None, *, notice: bool = False) -> str:
+    """``"cuda"`` or ``"cpu"`` for a node running ``local_world`` processes.
+
+    ``requested`` (else the ``PARATRAIN_DEVICE`` environment variable) names one; unset, CUDA when
+    there is a visible GPU for each local process (NCCL gives every rank its own device), the CPU
+    otherwise. When GPUs are visible but fewer than the processes, the run goes to the CPU and,
+    with ``notice``, says so on stderr: a silent fallback would pass for a GPU run.
+    """
+    from paratrain.errors import ConfigError
+
+    field = "device" if requested is not None else DEVICE_ENV
+    want = requested if requested is not None else os.environ.get(DEVICE_ENV) or None
+    if want is not None:
+        want = want.strip().lower()
+        if want.startswith("cuda"):
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if gpus < local_world:
+                raise ConfigError(field, f"cuda asked for {local_world} process(es) per node, {gpus} GPU(s) visible",
+                                  "launch one process per visible GPU, or use cpu")
+            return "cuda"
+        if want != "cpu":
+            raise ConfigError(field, f"unknown device {want!r}", "use cpu or cuda")
+        return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    gpus = torch.cuda.device_count()
+    if gpus >= local_world:
+        return "cuda"
+    if notice:
+        import sys
+
+        print(f"paratrain: {local_world} processes on this node but {gpus} GPU(s) visible: running on the CPU "
+              f"with gloo (launch at most {gpus} process(es) per node to train on the GPUs, or set "
+              f"{DEVICE_ENV}=cpu to silence this)", file=sys.stderr, flush=True)
+    return "cpu"
 
 
 class RendezvousError(RuntimeError):

@@ -87,7 +87,7 @@ class LocalChunk:
         from torch.distributed.fsdp import fully_shard
 
         return [fp._unsharded_param for state in fully_shard.state(self.module)._state_ctx.all_states
-                for group in state._fsdp_param_groups for fp in group.fsdp_params]
+                for group in _param_groups(state) for fp in group.fsdp_params]
 
     def hold_gradients(self, hold: bool) -> None:
         """FSDP2 under a split backward (ZB-H1), as torch.distributed.pipelining runs it: while
@@ -105,10 +105,18 @@ class LocalChunk:
         self.hold_gradients(False)
         state = fully_shard.state(self.module)
         for s in state._state_ctx.all_states:
-            for group in s._fsdp_param_groups:
+            for group in _param_groups(s):
                 group.post_backward()
         state._root_post_backward_final_callback()
         self.hold_gradients(True)
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups: a list in torch 2.13, one optional group in 2.11."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
 
 
 class StepHooks(Protocol):

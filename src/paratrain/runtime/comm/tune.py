@@ -12,7 +12,7 @@ job when its last rank has it). Send/recv is a ping-pong between the first two r
 smallest group: one-way time = half the round trip.
 
 Backends: ``gloo`` always and ``gloo_1t`` (a second gloo group, one worker thread); ``nccl`` when
-CUDA is available (tensors on the GPU); ``mpi`` when torch was built with it *and* the processes
+every process has a GPU of its own (tensors on the GPU); ``mpi`` when torch was built with it *and* the processes
 were started by ``mpirun`` (an MPI group cannot be created inside a world torch started itself).
 Unavailable backends are skipped with the reason in the result.
 
@@ -83,8 +83,11 @@ def message_sizes(min_bytes: int = MIN_BYTES, max_bytes: int = DEFAULT_MAX_BYTES
     return tuple(out)
 
 
-def available_backends(requested: Sequence[str] | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``(usable backends, {skipped backend: why})``; ``requested`` None asks for every one."""
+def available_backends(
+    requested: Sequence[str] | None = None, procs: int = 1,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``(usable backends, {skipped backend: why})`` for ``procs`` local processes; ``requested``
+    None asks for every one."""
     import torch
     import torch.distributed as dist
 
@@ -96,6 +99,9 @@ def available_backends(requested: Sequence[str] | None = None) -> tuple[tuple[st
             skipped[b] = "torch was built without gloo"
         elif base == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
             skipped[b] = "needs CUDA and a torch built with NCCL"
+        elif base == "nccl" and torch.cuda.device_count() < procs:
+            # NCCL refuses two ranks of a communicator on one GPU ("Duplicate GPU detected")
+            skipped[b] = f"needs a GPU per process ({procs} processes, {torch.cuda.device_count()} GPU(s))"
         elif base == "mpi" and not dist.is_mpi_available():
             skipped[b] = "torch was built without MPI"
         elif base == "mpi" and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
@@ -207,7 +213,7 @@ def _worker(rank: int, world: int, store: str, backends: tuple[str, ...], ops: t
         torch.set_num_threads(threads)
         cuda = "nccl" in backends
         if cuda:
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            torch.cuda.set_device(rank)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
         shapes = group_shapes(world)
         # Every rank creates every group, in the same order (new_group is collective over the world).
@@ -273,7 +279,7 @@ def tune(
         raise ConfigError("--repeats", f"need warmup >= 0 and repeats >= 1, got {warmup} and {repeats}",
                           "use e.g. --repeats 10")
     sizes_t = tuple(sorted(set(sizes))) if sizes else message_sizes()
-    usable, skipped = available_backends(backends)
+    usable, skipped = available_backends(backends, procs)
 
     tell = progress or (lambda done, total, what: None)
     start = time.perf_counter()

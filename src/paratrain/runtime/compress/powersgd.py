@@ -10,7 +10,10 @@ for the sum.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -44,6 +47,19 @@ class _FlatBucket:
 
     def is_last(self) -> bool:
         return True
+
+
+@contextlib.contextmanager
+def _cpu_tensors_with_cuda_visible(flat: torch.Tensor) -> Iterator[None]:
+    """torch's hook calls ``torch.cuda.synchronize(device)`` whenever CUDA is available, with the
+    device of the tensors (powerSGD_hook.py, ``decompress``), which refuses a CPU device: a CPU
+    run on a machine with a GPU would fail. While the hook runs on CPU tensors, CUDA is hidden
+    from it (nothing on a GPU to wait for)."""
+    if flat.device.type == "cuda" or not torch.cuda.is_available():
+        yield
+        return
+    with mock.patch.object(torch.cuda, "is_available", lambda: False):
+        yield
 
 
 class PowerSGD:
@@ -84,7 +100,8 @@ class PowerSGD:
 
     def reduce(self, flat: torch.Tensor) -> ReductionStats:
         stats = self.comm.begin(flat.numel(), flat.device)
-        out = powerSGD_hook(self.state, _FlatBucket(flat, self.shapes)).wait()  # type: ignore[arg-type]
+        with _cpu_tensors_with_cuda_visible(flat):
+            out = powerSGD_hook(self.state, _FlatBucket(flat, self.shapes)).wait()  # type: ignore[arg-type]
         if out.data_ptr() != flat.data_ptr():
             flat.copy_(out)
         flat.mul_(self.comm.size)
