@@ -27,7 +27,10 @@ from paratrain.runtime.mesh import DEVICE_ENV, runtime_device
 
 HARNESS = Path(__file__).with_name("layout_harness.py")
 RTOL = 1e-5
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def needs_cuda(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
 
 
 def _gpus(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
