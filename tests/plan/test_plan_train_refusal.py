@@ -83,3 +83,17 @@ def test_train_says_when_the_model_asks_for_dropout_it_does_not_run() -> None:
     assert notice is not None and "dropout" in notice and "\n" not in notice
     assert dropout_notice(preset("gpt-tiny")) is None  # dropout: false
     assert dropout_notice(preset("gpt3-1.3b")) is None  # unset: the cost model's family default
+
+
+def test_the_search_leaves_out_fsdp2_under_pipedream_and_2bw() -> None:
+    """zero2/zero3 run as FSDP2, which train refuses under PipeDream's and 2BW's weight versions:
+    the search does not offer the pair, and pinning both is one error naming the fix."""
+    from paratrain.errors import ConfigError
+    from paratrain.plan.space import Layout, Pins, variants
+
+    for sched in ("pipedream", "2bw", "1f1b"):
+        got = {c.sharding for c in variants(TINY, 8, Layout(dp=2, tp=1, pp=2), Pins(schedule=sched), 2)}
+        assert got == ({"none", "zero1"} if sched != "1f1b" else {"none", "zero1", "zero2", "zero3"}), sched
+    with pytest.raises(ConfigError, match="sharding: zero3 is FSDP2.*use --sharding zero1 or none"):
+        Pins(schedule="2bw", sharding="zero3")
+    assert Pins(schedule="2bw", sharding="zero3", pp=1).sharding == "zero3"  # one stage: no weight versions

@@ -41,6 +41,9 @@ __all__ = [
     "variants",
 ]
 
+# The sharding levels train runs with FSDP2 (--dp-impl fsdp).
+FSDP_LEVELS = ("zero2", "zero3")
+
 # Synchronous schedules searched by default. The asynchronous ones (PipeDream, 2BW) change the
 # optimizer's semantics (stale weights), so they are considered only when asked for by name.
 DEFAULT_SCHEDULES = (
@@ -130,6 +133,11 @@ class Pins:
             object.__setattr__(self, "mesh_order", mesh_order_of(self.mesh_order))
         if self.cp is not None:
             require_positive_int("cp", self.cp)
+        if (self.schedule is not None and self.schedule.is_async and self.sharding in FSDP_LEVELS
+                and (self.pp is None or self.pp > 1)):
+            raise ConfigError("sharding", f"{self.sharding} is FSDP2, which does not run {self.schedule}'s weight "
+                              "versions (train refuses the pair)", "use --sharding zero1 or none, or a "
+                              "synchronous schedule")
         if (
             self.virtual_stages is not None
             and self.virtual_stages > 1
@@ -293,7 +301,7 @@ def variants(
     zeros = [pins.sharding] if pins.sharding is not None else list(SHARDINGS) if layout.dp * layout.cp > 1 else ["none"]
     for order in _mesh_orders(layout, pins):
         for sched, v in _schedule_options(model, layout, pins):
-            for zero, comp in _reductions(zeros, pins.compressions, layout.dp, sched):
+            for zero, comp in _reductions(zeros, pins.compressions, layout.dp, sched, layout.pp):
                 for sp in sps:
                     for rc in recomputes:
                         yield ParallelConfig(
@@ -319,11 +327,14 @@ def variants(
 
 
 def _reductions(zeros: list[str], compressions: tuple[str, ...], dp: int,
-                schedule: ScheduleName) -> list[tuple[str, str]]:
+                schedule: ScheduleName, pp: int = 1) -> list[tuple[str, str]]:
     """(sharding level, compression) pairs: compression needs dp > 1, no sharding (FSDP2
-    reduces itself), a synchronous schedule, and gTop-k a power-of-two dp (runtime.config)."""
+    reduces itself), a synchronous schedule, and gTop-k a power-of-two dp; FSDP2 (zero2, zero3)
+    does not run PipeDream's or 2BW's weight versions (runtime.config.validate_run)."""
     out = []
     for zero in zeros:
+        if zero in FSDP_LEVELS and schedule.is_async and pp > 1:
+            continue
         for comp in compressions:
             gtopk_needs_pow2 = comp == "gtopk" and dp & (dp - 1)
             if comp != "none" and (zero != "none" or dp == 1 or schedule.is_async or gtopk_needs_pow2):
