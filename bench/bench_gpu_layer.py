@@ -121,7 +121,7 @@ def devices(preset: str, measured: Path | None) -> dict[str, Any]:
     """The preset's device raw, fitted and (with ``measured``) measured."""
     from paratrain.plan.calibrated import FITTED_BY_DEVICE
     from paratrain.plan.validate import with_calibration
-    from paratrain.runtime.gpu_calibrate import MEASURED_FIELDS
+    from paratrain.runtime.gpu_calibrate import MEASURED_FIELDS, OPTIONAL_FIELDS
     from paratrain.spec.cluster import resolve_cluster
 
     # with_calibration takes a cluster; its links do not enter a one-GPU layer.
@@ -133,7 +133,8 @@ def devices(preset: str, measured: Path | None) -> dict[str, Any]:
     if measured is not None:
         doc = json.loads(measured.read_text(encoding="utf-8"))
         out["measured"] = dataclasses.replace(out.get("fitted", cluster.device),
-                                              **{f: float(doc[f]) for f in MEASURED_FIELDS})
+                                              **{f: float(doc[f]) for f in MEASURED_FIELDS + OPTIONAL_FIELDS
+                                                 if doc.get(f) is not None})
     return out
 
 

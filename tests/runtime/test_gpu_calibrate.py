@@ -21,7 +21,7 @@ from paratrain.spec.device import resolve_device
 
 H100 = resolve_device("h100")
 TINY = dict(dtype="fp32", shapes=((64, 96, 32), (128, 64, 64)), attention_shape=(1, 2, 64, 16),
-            copy_bytes=1 << 16, repeats=2)
+            copy_bytes=1 << 16, repeats=2, elementwise_shape=(64, 32))
 
 
 def test_efficiencies_invert_the_cost_model():
@@ -41,9 +41,41 @@ def test_efficiencies_invert_the_cost_model():
     }
     out = gpu_calibrate.efficiencies(measured, H100)
     assert out["gemm_efficiency"] == pytest.approx(gemm_eff)  # the median of 0.62, 0.5, 0.9
-    assert out["memory_efficiency"] == pytest.approx(mem_eff)
+    assert out["memory_efficiency"] == out["copy_efficiency"] == pytest.approx(mem_eff)  # no element-wise times
     assert out["attention_efficiency"] == pytest.approx(attn_eff)
+    assert "activation_efficiency" not in out
     assert [g["efficiency"] for g in out["gemm_by_shape"]] == pytest.approx([gemm_eff, 0.5, 0.9])
+
+
+def test_elementwise_times_give_the_efficiencies_under_which_the_model_reproduces_them():
+    """A layer's norm + residual and GeLU times made by the model (op_time_split, at chosen memory
+    and activation efficiencies, kernel overheads included) come back as those efficiencies, and
+    the model then prices the same operators at the measured times."""
+    import dataclasses
+
+    from paratrain.cost.compute import op_time_split
+
+    base = dict(dtype="bf16", gemm=[{"m": 4096, "n": 4096, "k": 4096, "seconds": 1e-3}], copy_bytes=2**30,
+                copy_s=1e-3, attention={"batch": 1, "heads": 1, "seq": 512, "head_dim": 64, "seconds": 1e-3})
+    truth = dataclasses.replace(H100, memory_efficiency=0.47, activation_efficiency=0.61)
+    ops = gpu_calibrate.elementwise_ops(8192, 4096, "bf16")
+    assert [ops[k].kind for k in ("norm", "residual", "activation")] == ["norm", "elementwise", "activation"]
+    t = {k: sum(op_time_split(o, truth, "bf16")) for k, o in ops.items()}
+    ew = {"tokens": 8192, "hidden": 4096, "norm_s": t["norm"], "residual_s": t["residual"],
+          "activation_s": t["activation"]}
+    out = gpu_calibrate.efficiencies({**base, "elementwise": ew}, H100)
+    assert out["memory_efficiency"] == pytest.approx(0.47) and out["activation_efficiency"] == pytest.approx(0.61)
+    assert out["copy_efficiency"] == pytest.approx(2 * 2**30 / 1e-3 / H100.memory_bandwidth_Bps)
+    # bytes by hand (bf16, 8192 x 4096 activations = 64 MiB; the MLP's 4x wider): norm reads x and
+    # writes y, then reads dy and x and writes dx; the residual reads two and writes one, then its
+    # bias gradient reads dy; GeLU reads and writes, then reads dy and u, writes du, and the bias
+    # gradient reads du
+    mib = 2**20
+    assert ops["norm"].fwd_bytes + ops["norm"].bwd_bytes == (2 + 3) * 64 * mib
+    assert ops["residual"].fwd_bytes + ops["residual"].bwd_bytes == (3 + 1) * 64 * mib
+    assert ops["activation"].fwd_bytes + ops["activation"].bwd_bytes == (2 + 3 + 1) * 256 * mib
+    with pytest.raises(ConfigError, match="kernel overheads"):
+        gpu_calibrate.efficiencies({**base, "elementwise": {**ew, "norm_s": 1e-6, "residual_s": 1e-6}}, H100)
 
 
 def test_calibrate_gpu_stores_a_measured_calibration_that_calibration_measured_applies(run_cli, monkeypatch):
@@ -62,6 +94,8 @@ def test_calibrate_gpu_stores_a_measured_calibration_that_calibration_measured_a
     cluster = apply_calibration(resolve_cluster("dgx-h100"), "measured")
     assert cluster.device.gemm_efficiency == stored["gemm_efficiency"]
     assert cluster.device.attention_efficiency == stored["attention_efficiency"]
+    assert cluster.device.activation_efficiency == stored["activation_efficiency"]
+    assert set(stored["measured"]["elementwise"]) == {"tokens", "hidden", "norm_s", "residual_s", "activation_s"}
     fitted = apply_calibration(resolve_cluster("dgx-h100"), None)
     assert cluster.intra_link == fitted.intra_link  # the links stay the fitted calibration's
 
@@ -89,6 +123,8 @@ def test_the_shipped_h100_calibration_is_its_measured_times_and_applies_without_
     for f in gpu_calibrate.MEASURED_FIELDS:
         assert again[f] == pytest.approx(shipped[f], rel=1e-12)
     assert not gpu_calibrate.measured_calibration_path("h100").exists()
+    # measured before the element-wise kernels were: its memory efficiency is the copy's, no activation rate
+    assert "elementwise" not in shipped["measured"] and "activation_efficiency" not in shipped
     assert gpu_calibrate.load_measured("h100") == {f: shipped[f] for f in gpu_calibrate.MEASURED_FIELDS}
     cluster = apply_calibration(resolve_cluster("dgx-h100"), "measured")
     assert cluster.device.gemm_efficiency == shipped["gemm_efficiency"]

@@ -149,7 +149,12 @@ def _calibrate_gpu(preset: str, out: Path | None, json_out: bool) -> None:
     for g in doc["gemm_by_shape"]:
         print(f"  GEMM {g['m']}x{g['n']}x{g['k']}: {g['flops_per_s'] / 1e12:.1f} TFLOP/s, efficiency "
               f"{g['efficiency']:.3f}")
-    print(f"gemm_efficiency {doc['gemm_efficiency']:.3f} (median), memory_efficiency {doc['memory_efficiency']:.3f}, "
+    ew = measured["elementwise"]
+    print(f"  copy {doc['copy_efficiency']:.3f} of the bandwidth; a layer's element-wise kernels at "
+          f"{ew['tokens']}x{ew['hidden']}: norm {ew['norm_s'] * 1e3:.3f} ms, residual {ew['residual_s'] * 1e3:.3f} ms, "
+          f"GeLU {ew['activation_s'] * 1e3:.3f} ms")
+    print(f"gemm_efficiency {doc['gemm_efficiency']:.3f} (median), memory_efficiency {doc['memory_efficiency']:.3f} "
+          f"(norm + residual), activation_efficiency {doc['activation_efficiency']:.3f}, "
           f"attention_efficiency {doc['attention_efficiency']:.3f}; wrote {target}")
 
 

@@ -8,7 +8,13 @@ Three measurements, each of the kernels the cost model prices (:mod:`paratrain.c
   (:func:`paratrain.cost.gemm.gemm_tile_choice`), so it is the model's ``gemm_efficiency``; the
   median over the shapes is kept;
 - **memory bandwidth**: a device-to-device copy (reads and writes every byte) over the preset's
-  nominal bandwidth, the model's ``memory_efficiency``;
+  nominal bandwidth (``copy_efficiency``);
+- **a layer's element-wise kernels** at a layer's activation size (``ELEMENTWISE_SHAPE``): layer
+  norm forward + backward and the residual add with its bias-gradient read give the model's
+  ``memory_efficiency`` (they run below the copy's rate: row reductions, the norm's parameter
+  gradients), the GeLU forward + backward + bias gradient its ``activation_efficiency``; each
+  over the bytes and kernels the cost model counts for those operators (``layer_ops``, eager
+  path), so the model reproduces the measured times;
 - **fused attention**: ``scaled_dot_product_attention`` forward and backward, causal, over the FLOPs
   the fused kernels execute (the causal half; the backward 2.5× the forward: FlashAttention-2,
   Dao 2023, sec. 3.2) and the preset's peak × the tile shape efficiency of the ``s×s×d`` blocks,
@@ -28,12 +34,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from paratrain.cost.compute import op_kernels
 from paratrain.cost.gemm import gemm_tile_choice
+from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
 from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 
 __all__ = [
-    "GEMM_SHAPES", "ATTENTION_SHAPE", "COPY_BYTES", "MEASURED_FIELDS", "measure_gpu", "efficiencies",
+    "GEMM_SHAPES", "ATTENTION_SHAPE", "COPY_BYTES", "ELEMENTWISE_SHAPE", "MEASURED_FIELDS", "OPTIONAL_FIELDS",
+    "measure_gpu", "efficiencies", "elementwise_ops",
     "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured",
 ]
 
@@ -44,10 +53,13 @@ GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
     (4096, 4096, 4096), (8192, 8192, 8192),
 )
 ATTENTION_SHAPE = (4, 32, 4096, 128)  # batch, heads, sequence, head size
+ELEMENTWISE_SHAPE = (8192, 4096)  # tokens, hidden: a Llama-8B-like layer's activation at 8,192 tokens
 COPY_BYTES = 1 << 30
 _FLASH_BWD_RATIO = 2.5
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MEASURED_FIELDS = ("gemm_efficiency", "memory_efficiency", "attention_efficiency")
+# Measured since the element-wise kernels are: absent from older files (their memory_efficiency is the copy's).
+OPTIONAL_FIELDS = ("activation_efficiency",)
 
 
 def cuda_available() -> bool:
@@ -88,8 +100,10 @@ def _timer(device: Any) -> Callable[[Callable[[], Any], int], float]:
 def measure_gpu(
     device: str = "cuda", *, dtype: str = "bf16", shapes: Sequence[tuple[int, int, int]] = GEMM_SHAPES,
     attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE, copy_bytes: int = COPY_BYTES, repeats: int = 10,
+    elementwise_shape: tuple[int, int] = ELEMENTWISE_SHAPE,
 ) -> dict[str, Any]:
-    """Times of the GEMMs, the copy and the fused attention on ``device`` (a torch device name)."""
+    """Times of the GEMMs, the copy, a layer's element-wise kernels and the fused attention on
+    ``device`` (a torch device name)."""
     import torch
     import torch.nn.functional as F
 
@@ -108,6 +122,7 @@ def measure_gpu(
     dst = torch.empty_like(src)
     copy_s = timed(lambda: dst.copy_(src), repeats)
     src = dst = torch.empty(0)  # free the buffers before the attention's
+    elementwise = _time_elementwise(timed, dev, tdtype, elementwise_shape, repeats)
     bsz, heads, seq, head_dim = attention_shape
     q, k_, v = (torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype)
@@ -120,9 +135,72 @@ def measure_gpu(
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
     return {
         "torch_device": name, "dtype": dtype, "gemm": gemms, "copy_bytes": copy_bytes, "copy_s": copy_s,
+        "elementwise": elementwise,
         "attention": {"batch": bsz, "heads": heads, "seq": seq, "head_dim": head_dim, "causal": True,
                       "seconds": attention_s},
     }
+
+
+def _time_elementwise(timed: Callable[[Callable[[], Any], int], float], dev: Any, tdtype: Any,
+                      shape: tuple[int, int], repeats: int) -> dict[str, Any]:
+    """The kernels torch runs for the eager layer's norm, residual and activation operators."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, hidden = shape
+    x = torch.randn(tokens, hidden, device=dev, dtype=tdtype, requires_grad=True)
+    y, g = torch.randn_like(x), torch.randn_like(x)
+    w = torch.ones(hidden, device=dev, dtype=tdtype, requires_grad=True)
+    b = torch.zeros(hidden, device=dev, dtype=tdtype, requires_grad=True)
+
+    def norm() -> None:  # forward, then the backward (input and parameter gradients)
+        F.layer_norm(x, (hidden,), w, b).backward(g)
+
+    def residual() -> None:  # the add, and the backward's bias-gradient read of the incoming gradient
+        torch.add(x.detach(), y)
+        g.sum(0)
+
+    norm_s, residual_s = timed(norm, repeats), timed(residual, repeats)
+    x = y = g = torch.empty(0)
+    u = torch.randn(tokens, 4 * hidden, device=dev, dtype=tdtype)
+    gu = torch.randn_like(u)
+
+    def activation() -> None:  # the runtime's GPT: tanh GeLU, its backward, the fc1 bias gradient
+        F.gelu(u, approximate="tanh")
+        torch.ops.aten.gelu_backward(gu, u, approximate="tanh").sum(0)
+
+    return {"tokens": tokens, "hidden": hidden, "norm_s": norm_s, "residual_s": residual_s,
+            "activation_s": timed(activation, repeats)}
+
+
+def elementwise_ops(tokens: int, hidden: int, dtype: str) -> dict[str, Op]:
+    """The cost model's norm, residual and activation operators of an eager GPT layer with
+    ``tokens`` tokens of width ``hidden`` (what :func:`measure_gpu` times)."""
+    import dataclasses
+
+    from paratrain.cost.compute import layer_ops
+    from paratrain.spec.model import resolve_model
+
+    heads = max(1, hidden // 128)
+    spec = dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, kv_heads=heads,
+                               ffn=4 * hidden, seq=tokens, layers=1, dropout=False)
+    ops = layer_ops(spec, microbatch=1, dtype=dtype, attention="flash")
+    return {"norm": next(o for o in ops if o.kind == "norm"),
+            "residual": next(o for o in ops if o.name == "attn_residual"),
+            "activation": next(o for o in ops if o.kind == "activation")}
+
+
+def _memory_rate(ops: Sequence[Op], seconds: float, preset: DeviceSpec) -> float:
+    """The fraction of ``preset``'s bandwidth at which ``ops``' bytes take ``seconds`` once the
+    model's per-kernel overheads are taken off: the efficiency under which the model reproduces them."""
+    nbytes = sum(o.fwd_bytes + o.bwd_bytes for o in ops)
+    kernels = sum(sum(op_kernels(o)) for o in ops)
+    busy = seconds - kernels * preset.kernel_overhead_s
+    if busy <= 0:
+        raise ConfigError("--gpu", f"the element-wise kernels took {seconds * 1e6:.1f} us, no more than the "
+                                   f"{kernels} kernel overheads of the {preset.name} preset",
+                          "measure at a larger ELEMENTWISE_SHAPE")
+    return nbytes / busy / preset.memory_bandwidth_Bps
 
 
 def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]:
@@ -141,14 +219,22 @@ def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]
     b, h, s, d = int(a["batch"]), int(a["heads"]), int(a["seq"]), int(a["head_dim"])
     executed = 4.0 * b * h * s * s * d * (0.5 if a.get("causal", True) else 1.0) * (1.0 + _FLASH_BWD_RATIO)
     attention = executed / float(a["seconds"]) / (peak * gemm_tile_choice(s, s, d, preset, b * h)[0])
-    memory = 2.0 * float(measured["copy_bytes"]) / float(measured["copy_s"]) / preset.memory_bandwidth_Bps
-    return {
+    copy = min(1.0, 2.0 * float(measured["copy_bytes"]) / float(measured["copy_s"]) / preset.memory_bandwidth_Bps)
+    out = {
         "preset": preset.name,
         "gemm_efficiency": min(1.0, statistics.median(p["efficiency"] for p in per_shape)),
-        "memory_efficiency": min(1.0, memory),
+        "memory_efficiency": copy,
         "attention_efficiency": min(1.0, attention),
+        "copy_efficiency": copy,
         "gemm_by_shape": per_shape,
     }
+    ew = measured.get("elementwise")
+    if ew is not None:  # older measurements have none: the copy's rate stands for every memory-bound kernel
+        ops = elementwise_ops(int(ew["tokens"]), int(ew["hidden"]), dtype)
+        out["memory_efficiency"] = min(1.0, _memory_rate(
+            [ops["norm"], ops["residual"]], float(ew["norm_s"]) + float(ew["residual_s"]), preset))
+        out["activation_efficiency"] = min(1.0, _memory_rate([ops["activation"]], float(ew["activation_s"]), preset))
+    return out
 
 
 def shipped_calibration_path(preset: str) -> Path:
@@ -178,6 +264,7 @@ def load_measured(preset: str, field: str = "--calibration") -> dict[str, float]
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         out = {f: float(doc[f]) for f in MEASURED_FIELDS}
+        out.update({f: float(doc[f]) for f in OPTIONAL_FIELDS if doc.get(f) is not None})
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(field, f"the measured calibration at {str(path)!r} cannot be read ({e})", fix) from None
     for f, v in out.items():
