@@ -177,3 +177,21 @@ def test_bf16_autocast_tracks_fp32(tmp_path) -> None:
     # 1e-3 of fp32 over a few steps (measured: ~3e-5 relative).
     assert losses["--bf16"] != losses[""]
     assert losses["--bf16"] == pytest.approx(losses[""], rel=1e-3)
+
+
+def test_cpu_mfu_counts_the_threads_a_process_computes_on() -> None:
+    """The cpu preset's peak is one core's: a process on N threads is measured against N of them."""
+    import torch
+
+    from paratrain.runtime.metrics import peak_flops_per_device
+    from paratrain.spec.device import resolve_device
+
+    one = resolve_device("cpu").peak_fp32_flops
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert peak_flops_per_device(torch.device("cpu"), False) == (one, "cpu preset")
+        torch.set_num_threads(2)
+        assert peak_flops_per_device(torch.device("cpu"), False) == (2 * one, "cpu preset x 2 threads")
+    finally:
+        torch.set_num_threads(before)

@@ -49,10 +49,13 @@ _CUDA_NAMES = (("h200", "h200"), ("h100", "h100"), ("a100", "a100-80gb"), ("v100
 
 
 def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]:
-    """(peak FLOP/s, device preset name) used as MFU's denominator.
+    """(peak FLOP/s, what it is: ``"h100 preset"``, ``"cpu preset x 2 threads"``) used as MFU's
+    denominator.
 
     CUDA: the preset matching the device name. CPU: the ``cpu`` preset, which is this machine's
-    measured figures once ``paratrain calibrate`` has run, an uncalibrated estimate before.
+    measured figures once ``paratrain calibrate`` has run, an uncalibrated estimate before; both
+    are one core's, so a process computing on several threads is measured against that many
+    (``paratrain train --nproc 1`` on 2 cores had reported an MFU of 284 %).
     """
     from paratrain.spec.device import resolve_device
 
@@ -64,7 +67,10 @@ def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]
         dtype = "bf16" if bf16 else "tf32"
     spec = resolve_device(name)
     peak = spec.peak_flops(dtype) or spec.peak_fp32_flops
-    return peak, name
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        threads = torch.get_num_threads()
+        return peak * threads, f"{name} preset x {threads} threads"
+    return peak, f"{name} preset"
 
 
 class Tracer:

@@ -377,7 +377,7 @@ class Trainer:
                 f"on {ctx.world_size}x {ctx.device.type} ({ctx.backend}), "
                 f"global batch {c.global_batch} = {c.num_microbatches} micro-batches of {c.microbatch} per replica, "
                 f"data {data.corpus.name} ({data.corpus.size_bytes:,} bytes); MFU against "
-                f"{self.peak_flops / 1e12:.3g} TFLOP/s ({self.peak_device} preset)")
+                f"{self.peak_flops / 1e12:.3g} TFLOP/s ({self.peak_device})")
 
 
 def _trainable(parts: list[torch.nn.Module]) -> list[torch.nn.Parameter]:
