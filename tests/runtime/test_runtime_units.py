@@ -195,3 +195,24 @@ def test_cpu_mfu_counts_the_threads_a_process_computes_on() -> None:
         assert peak_flops_per_device(torch.device("cpu"), False) == (2 * one, "cpu preset x 2 threads")
     finally:
         torch.set_num_threads(before)
+
+
+def test_gpu_mfu_peak_is_what_the_matmuls_run_at(monkeypatch) -> None:
+    """fp32 runs are measured against TF32's peak only when torch runs fp32 matmuls as TF32."""
+    import torch
+
+    from paratrain.runtime.metrics import peak_flops_per_device
+    from paratrain.spec.device import resolve_device
+
+    h100 = resolve_device("h100")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # torch's default
+        assert peak_flops_per_device(gpu, False) == (h100.peak_fp32_flops, "h100 preset")
+        assert peak_flops_per_device(gpu, True) == (h100.peak_bf16_flops, "h100 preset")
+        torch.set_float32_matmul_precision("high")
+        assert peak_flops_per_device(gpu, False) == (h100.peak_tf32_flops, "h100 preset")
+    finally:
+        torch.set_float32_matmul_precision(before)

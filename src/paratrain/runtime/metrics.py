@@ -64,7 +64,9 @@ def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device).lower()
         name = next((preset for key, preset in _CUDA_NAMES if key in gpu), "h100")
-        dtype = "bf16" if bf16 else "tf32"
+        # fp32 matmuls run on the tensor cores (TF32) only when torch is told to; by default it is not
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+        dtype = "bf16" if bf16 else "tf32" if tf32 else "fp32"
     spec = resolve_device(name)
     peak = spec.peak_flops(dtype) or spec.peak_fp32_flops
     if device.type == "cpu" and torch.get_num_threads() > 1:
