@@ -4,7 +4,7 @@
 #   2. bench/bench_gpu_layer.py: one GPT layer measured vs the cost model (raw, fitted, measured);
 #   3. `paratrain train --bf16` on the GPU (NCCL, one process); bench/bench_gpu_step.py (fp32, bf16) and
 #      `simulate` of the same;
-#   4. the test suite with CUDA visible.
+#   4. the test suite with CUDA visible (each failure logged as it happens: OUTDIR/failures.txt).
 # Usage: bash bench/gpu_checks.sh [OUTDIR] [PRESET]   (python3 must hold torch with CUDA)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,12 @@ $py -m paratrain simulate --model gpt2 --cluster dgx-h100 --gpus 1 --microbatch 
 $py -c "import json,sys; d=json.load(open(sys.argv[1])); print('simulate: iteration', round(d['iteration_time_s']*1e3, 2), 'ms,', round(d['tokens_per_s']), 'tokens/s')" "$out/simulate.json"
 
 step "test suite with CUDA visible"
-timeout "${SUITE_TIMEOUT:-420}" $py -m pytest -p no:cacheprovider -n "${SUITE_WORKERS:-12}" --dist loadfile \
-  --timeout 240 -q -rfE --tb=line -o addopts= -W ignore 2>&1 | grep -v PytestBenchmarkWarning >"$out/suite.txt"
-tail -n 40 "$out/suite.txt"
+# the README check runs `paratrain ...` commands: the console script, without touching the image's packages
+$py -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "(paratrain command not installed)"
+rm -f "$out/failures.txt"
+PARATRAIN_FAILURE_LOG="$out/failures.txt" timeout "${SUITE_TIMEOUT:-420}" $py -m pytest -p no:cacheprovider \
+  -n "${SUITE_WORKERS:-8}" --dist loadfile --timeout 300 -q -rfE --tb=line -o addopts= -W ignore 2>&1 \
+  | grep -v PytestBenchmarkWarning >"$out/suite.txt"
+tail -n 30 "$out/suite.txt"
+echo "failures as they happened (the summary above is missing when the time limit stopped the run):"
+grep '^== ' "$out/failures.txt" 2>/dev/null || echo "  none"

@@ -37,6 +37,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=key)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``PARATRAIN_FAILURE_LOG=FILE``, each failure is appended to FILE as it happens (by the
+    xdist controller), so a run stopped by a time limit before its summary still says what failed
+    and why (bench/gpu_checks.sh uses it on a lent GPU machine)."""
+    path = os.environ.get("PARATRAIN_FAILURE_LOG")
+    if path and report.failed and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"== {report.nodeid} ({report.when}, {report.duration:.0f} s)\n{str(report.longrepr)[-2000:]}\n")
+
+
 @pytest.fixture(autouse=True)
 def _own_calibration_cache(tmp_path_factory, monkeypatch):
     """Tests never read (or write) the user's `paratrain calibrate` results: the `cpu` device is
