@@ -2,6 +2,7 @@
 # The checks to run when a CUDA GPU is at hand, in one go (a few minutes on one H100):
 #   1. `paratrain calibrate --gpu PRESET`: GEMM, copy and fused-attention rates -> measured-PRESET.json;
 #   2. bench/bench_gpu_layer.py: one GPT layer measured vs the cost model (raw, fitted, measured);
+#      bench/bench_gpu_gemm.py: the 175B tp-8 layer's GEMMs at micro-batch 1-3 vs the model;
 #   3. `paratrain train --bf16` on the GPU (NCCL, one process); bench/bench_gpu_step.py (fp32, bf16) and
 #      `simulate` of the same;
 #   4. the test suite with CUDA visible (each failure logged as it happens: OUTDIR/failures.txt).
@@ -32,6 +33,9 @@ EOF
 
 step "one layer: measured vs modelled"
 $py bench/bench_gpu_layer.py --preset "$preset" --measured "$PARATRAIN_CACHE/measured-$preset.json" --json "$out/layer.json"
+
+step "the GPT-3 175B layer's GEMMs at tp 8, micro-batch 1-3: measured vs modelled"
+$py bench/bench_gpu_gemm.py --preset "$preset" --measured "$PARATRAIN_CACHE/measured-$preset.json" --json "$out/gemm.json"
 
 step "train on the GPU (bf16), a step's profile (fp32, bf16), then simulate the same"
 $py -m paratrain train --model gpt2 --nproc 1 --bf16 --steps 20 --microbatch 8 --global-batch 8 --no-progress \
