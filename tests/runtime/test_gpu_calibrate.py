@@ -20,7 +20,7 @@ from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.device import resolve_device
 
 H100 = resolve_device("h100")
-TINY = dict(dtype="fp32", shapes=((64, 96, 32), (128, 64, 64)), attention_shape=(1, 2, 64, 16),
+TINY = dict(dtype="fp32", shapes=((64, 96, 32), (128, 64, 64)), attention_shapes=((1, 2, 64, 16), (2, 2, 32, 16)),
             copy_bytes=1 << 16, repeats=2, elementwise_shape=(64, 32))
 
 
@@ -44,6 +44,12 @@ def test_efficiencies_invert_the_cost_model():
     assert out["memory_efficiency"] == out["copy_efficiency"] == pytest.approx(mem_eff)  # no element-wise times
     assert out["attention_efficiency"] == pytest.approx(attn_eff)
     assert "activation_efficiency" not in out
+    # a sweep over sequences keeps the median of the per-sequence efficiencies
+    a = measured["attention"]
+    sweep = [{**a, "seconds": a["seconds"] * f} for f in (1.0, 2.0, 0.8)]
+    out = gpu_calibrate.efficiencies({**measured, "attention": sweep}, H100)
+    assert [x["efficiency"] for x in out["attention_by_seq"]] == pytest.approx([attn_eff, attn_eff / 2, attn_eff / 0.8])
+    assert out["attention_efficiency"] == pytest.approx(attn_eff)
     assert [g["efficiency"] for g in out["gemm_by_shape"]] == pytest.approx([gemm_eff, 0.5, 0.9])
 
 
@@ -88,7 +94,7 @@ def test_calibrate_gpu_stores_a_measured_calibration_that_calibration_measured_a
     assert doc["path"] == str(path) and path.is_file()
     stored = json.loads(path.read_text())
     assert stored["preset"] == "h100" and stored["measured"]["torch_device"] == "cpu"
-    assert len(stored["gemm_by_shape"]) == 2
+    assert len(stored["gemm_by_shape"]) == 2 and [a["seq"] for a in stored["attention_by_seq"]] == [64, 32]
     for f in gpu_calibrate.MEASURED_FIELDS:
         assert 0 < stored[f] <= 1
     cluster = apply_calibration(resolve_cluster("dgx-h100"), "measured")

@@ -153,9 +153,11 @@ def _calibrate_gpu(preset: str, out: Path | None, json_out: bool) -> None:
     print(f"  copy {doc['copy_efficiency']:.3f} of the bandwidth; a layer's element-wise kernels at "
           f"{ew['tokens']}x{ew['hidden']}: norm {ew['norm_s'] * 1e3:.3f} ms, residual {ew['residual_s'] * 1e3:.3f} ms, "
           f"GeLU {ew['activation_s'] * 1e3:.3f} ms")
+    by_seq = ", ".join(f"{a['seq']}: {a['efficiency']:.3f}" for a in doc["attention_by_seq"])
+    print(f"  attention efficiency by sequence: {by_seq}")
     print(f"gemm_efficiency {doc['gemm_efficiency']:.3f} (median), memory_efficiency {doc['memory_efficiency']:.3f} "
           f"(norm + residual), activation_efficiency {doc['activation_efficiency']:.3f}, "
-          f"attention_efficiency {doc['attention_efficiency']:.3f}; wrote {target}")
+          f"attention_efficiency {doc['attention_efficiency']:.3f} (median); wrote {target}")
 
 
 def _kib(n: int) -> str:

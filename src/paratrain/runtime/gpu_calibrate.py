@@ -18,7 +18,9 @@ Three measurements, each of the kernels the cost model prices (:mod:`paratrain.c
 - **fused attention**: ``scaled_dot_product_attention`` forward and backward, causal, over the FLOPs
   the fused kernels execute (the causal half; the backward 2.5× the forward: FlashAttention-2,
   Dao 2023, sec. 3.2) and the preset's peak × the tile shape efficiency of the ``s×s×d`` blocks,
-  the model's ``attention_efficiency``.
+  at sequences 2,048, 4,096 and 8,192 over the same tokens (``ATTENTION_SHAPES``; one H100 ran
+  a layer's attention at 2,048 about 0.75× as efficiently as at 4,096); the median is the
+  model's ``attention_efficiency``.
 
 :func:`measure_gpu` runs on any torch device (the unit tests run it on the CPU, which exercises
 the code path without any GPU figure); :func:`efficiencies` turns its figures into the calibration.
@@ -41,7 +43,8 @@ from paratrain.errors import ConfigError
 from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 
 __all__ = [
-    "GEMM_SHAPES", "ATTENTION_SHAPE", "COPY_BYTES", "ELEMENTWISE_SHAPE", "MEASURED_FIELDS", "OPTIONAL_FIELDS",
+    "GEMM_SHAPES", "ATTENTION_SHAPE", "ATTENTION_SHAPES", "COPY_BYTES", "ELEMENTWISE_SHAPE", "MEASURED_FIELDS",
+    "OPTIONAL_FIELDS",
     "measure_gpu", "efficiencies", "elementwise_ops",
     "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured",
 ]
@@ -53,6 +56,8 @@ GEMM_SHAPES: tuple[tuple[int, int, int], ...] = (
     (4096, 4096, 4096), (8192, 8192, 8192),
 )
 ATTENTION_SHAPE = (4, 32, 4096, 128)  # batch, heads, sequence, head size
+# 16,384 tokens each (batch x sequence), 32 heads of 128, at the sequences plans use most
+ATTENTION_SHAPES: tuple[tuple[int, int, int, int], ...] = ((8, 32, 2048, 128), ATTENTION_SHAPE, (2, 32, 8192, 128))
 ELEMENTWISE_SHAPE = (8192, 4096)  # tokens, hidden: a Llama-8B-like layer's activation at 8,192 tokens
 COPY_BYTES = 1 << 30
 _FLASH_BWD_RATIO = 2.5
@@ -99,13 +104,13 @@ def _timer(device: Any) -> Callable[[Callable[[], Any], int], float]:
 
 def measure_gpu(
     device: str = "cuda", *, dtype: str = "bf16", shapes: Sequence[tuple[int, int, int]] = GEMM_SHAPES,
-    attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE, copy_bytes: int = COPY_BYTES, repeats: int = 10,
+    attention_shapes: Sequence[tuple[int, int, int, int]] = ATTENTION_SHAPES, copy_bytes: int = COPY_BYTES,
+    repeats: int = 10,
     elementwise_shape: tuple[int, int] = ELEMENTWISE_SHAPE,
 ) -> dict[str, Any]:
     """Times of the GEMMs, the copy, a layer's element-wise kernels and the fused attention on
     ``device`` (a torch device name)."""
     import torch
-    import torch.nn.functional as F
 
     if dtype not in _DTYPES:
         raise ConfigError("dtype", f"unknown dtype {dtype!r}", f"use one of: {', '.join(_DTYPES)}")
@@ -123,22 +128,35 @@ def measure_gpu(
     copy_s = timed(lambda: dst.copy_(src), repeats)
     src = dst = torch.empty(0)  # free the buffers before the attention's
     elementwise = _time_elementwise(timed, dev, tdtype, elementwise_shape, repeats)
-    bsz, heads, seq, head_dim = attention_shape
-    q, k_, v = (torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
-    grad = torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype)
-
-    def attention() -> None:
-        out = F.scaled_dot_product_attention(q, k_, v, is_causal=True)
-        out.backward(grad)
-
-    attention_s = timed(attention, repeats)
+    attention = [_time_attention(timed, dev, tdtype, shape, repeats) for shape in attention_shapes]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
     return {
         "torch_device": name, "dtype": dtype, "gemm": gemms, "copy_bytes": copy_bytes, "copy_s": copy_s,
         "elementwise": elementwise,
-        "attention": {"batch": bsz, "heads": heads, "seq": seq, "head_dim": head_dim, "causal": True,
-                      "seconds": attention_s},
+        "attention": attention,
     }
+
+
+def _time_attention(timed: Callable[[Callable[[], Any], int], float], dev: Any, tdtype: Any,
+                    shape: tuple[int, int, int, int], repeats: int) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    bsz, heads, seq, head_dim = shape
+    q, k, v = (torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(bsz, heads, seq, head_dim, device=dev, dtype=tdtype)
+
+    def attention() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return {"batch": bsz, "heads": heads, "seq": seq, "head_dim": head_dim, "causal": True,
+            "seconds": timed(attention, repeats)}
+
+
+def _attention_efficiency(a: dict[str, Any], peak: float, preset: DeviceSpec) -> float:
+    b, h, s, d = int(a["batch"]), int(a["heads"]), int(a["seq"]), int(a["head_dim"])
+    executed = 4.0 * b * h * s * s * d * (0.5 if a.get("causal", True) else 1.0) * (1.0 + _FLASH_BWD_RATIO)
+    return executed / float(a["seconds"]) / (peak * gemm_tile_choice(s, s, d, preset, b * h)[0])
 
 
 def _time_elementwise(timed: Callable[[Callable[[], Any], int], float], dev: Any, tdtype: Any,
@@ -215,10 +233,10 @@ def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]
         shape = gemm_tile_choice(m, n, k, preset)[0]
         per_shape.append({"m": m, "n": n, "k": k, "flops_per_s": 2.0 * m * n * k / t,
                           "efficiency": 2.0 * m * n * k / t / (peak * shape)})
-    a = measured["attention"]
-    b, h, s, d = int(a["batch"]), int(a["heads"]), int(a["seq"]), int(a["head_dim"])
-    executed = 4.0 * b * h * s * s * d * (0.5 if a.get("causal", True) else 1.0) * (1.0 + _FLASH_BWD_RATIO)
-    attention = executed / float(a["seconds"]) / (peak * gemm_tile_choice(s, s, d, preset, b * h)[0])
+    # one shape in files measured before the sweep over sequences
+    shapes = measured["attention"] if isinstance(measured["attention"], list) else [measured["attention"]]
+    by_seq = [{"seq": int(a["seq"]), "efficiency": _attention_efficiency(a, peak, preset)} for a in shapes]
+    attention = statistics.median(x["efficiency"] for x in by_seq)
     copy = min(1.0, 2.0 * float(measured["copy_bytes"]) / float(measured["copy_s"]) / preset.memory_bandwidth_Bps)
     out = {
         "preset": preset.name,
@@ -227,6 +245,7 @@ def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]
         "attention_efficiency": min(1.0, attention),
         "copy_efficiency": copy,
         "gemm_by_shape": per_shape,
+        "attention_by_seq": by_seq,
     }
     ew = measured.get("elementwise")
     if ew is not None:  # older measurements have none: the copy's rate stands for every memory-bound kernel
