@@ -7,6 +7,8 @@
 #      `simulate` of the same;
 #   4. the test suite with CUDA visible (each failure logged as it happens: OUTDIR/failures.txt).
 # Usage: bash bench/gpu_checks.sh [OUTDIR] [PRESET]   (python3 must hold torch with CUDA)
+#   SUITE=no skips step 4, SUITE=only runs it alone (steps 1-3 take ~3 min, the suite up to
+#   SUITE_TIMEOUT=420 s more: split them where one command may run at most 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-out/gpu}}
@@ -16,10 +18,12 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PARATRA
 py=${PYTHON:-python3}
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
+suite=${SUITE:-yes}
 step environment
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
+if [ "$suite" != only ]; then
 step "calibrate --gpu $preset"
 $py -m paratrain calibrate --gpu "$preset" --json >"$out/calibrate.json" && $py - "$out/calibrate.json" <<'EOF'
 import json, sys
@@ -46,6 +50,9 @@ $py -m paratrain simulate --model gpt2 --cluster dgx-h100 --gpus 1 --microbatch 
   --json >"$out/simulate.json" 2>&1
 $py -c "import json,sys; d=json.load(open(sys.argv[1])); print('simulate: iteration', round(d['iteration_time_s']*1e3, 2), 'ms,', round(d['tokens_per_s']), 'tokens/s')" "$out/simulate.json"
 
+fi
+
+if [ "$suite" != no ]; then
 step "test suite with CUDA visible"
 # the README check runs `paratrain ...` commands: the console script, without touching the image's packages
 $py -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "(paratrain command not installed)"
@@ -56,3 +63,4 @@ PARATRAIN_FAILURE_LOG="$out/failures.txt" timeout "${SUITE_TIMEOUT:-420}" $py -m
 tail -n 30 "$out/suite.txt"
 echo "failures as they happened (the summary above is missing when the time limit stopped the run):"
 grep '^== ' "$out/failures.txt" 2>/dev/null || echo "  none"
+fi
