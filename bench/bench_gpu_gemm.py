@@ -8,9 +8,11 @@ gradient ``(m, k, n)`` and the weight gradient ``(k, n, m)``. Each is timed with
 of ``--repeats`` after a warm-up) and set beside ``op_time_split`` with the ``--preset`` device raw,
 fitted and (``--measured FILE``) with the measured GEMM efficiency. The per-micro-batch totals show
 whether the model's shape efficiency tracks the GPU's as the micro-batch grows (the 175B plan's
-winner runs micro-batch 2-3 where the records ran 1).
+winner runs micro-batch 2-3 where the records ran 1). ``--head`` adds the output head's GEMMs,
+whose width is the vocabulary (GPT-2's 50,257 is odd; Megatron pads it to a multiple of 128).
 
     python bench/bench_gpu_gemm.py --measured ~/.cache/paratrain/measured-h100.json
+    python bench/bench_gpu_gemm.py --model gpt2 --tp 1 --microbatches 8 --head
     python bench/bench_gpu_gemm.py --device cpu --model gpt-tiny --tp 1 --microbatches 1 --repeats 2
 """
 
@@ -25,13 +27,18 @@ from typing import Any
 from bench_gpu_layer import devices
 
 
-def gemm_cases(model: Any, tp: int, microbatch: int, dtype: str) -> list[tuple[str, tuple[int, int, int], int, Any]]:
-    """(name, (m, n, k), batch, op) of every GEMM the model prices for one layer, both backward ones
-    included (the weight gradient only where the operator has a weight)."""
-    from paratrain.cost.compute import layer_ops
+def gemm_cases(model: Any, tp: int, microbatch: int, dtype: str,
+               head: bool = False) -> list[tuple[str, tuple[int, int, int], int, Any]]:
+    """(name, (m, n, k), batch, op) of every GEMM the model prices for one layer (and with ``head``
+    the output head), both backward ones included (the weight gradient only where the operator has
+    a weight)."""
+    from paratrain.cost.compute import head_ops, layer_ops
 
+    ops = layer_ops(model, tp=tp, microbatch=microbatch, dtype=dtype, attention="flash")
+    if head:
+        ops += head_ops(model, tp=tp, microbatch=microbatch, dtype=dtype)
     cases = []
-    for op in layer_ops(model, tp=tp, microbatch=microbatch, dtype=dtype, attention="flash"):
+    for op in ops:
         if op.gemm is None or op.attention_shape is not None:
             continue
         m, n, k = op.gemm
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="gpt3-175b")
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--microbatches", default="1,2,3")
+    p.add_argument("--head", action="store_true", help="the output head's GEMMs too (its width is the vocabulary)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model.name} tp {a.tp} micro-batch {mb} ({dtype}):")
         print(f"  {'GEMM':<18} {'m x n x k (batch)':<26} {'meas ms':>8} {'TFLOP/s':>8} "
               + " ".join(f"{k + ' ms':>12}" for k in devs))
-        for name, (m, n, k), batch, op in gemm_cases(model, a.tp, mb, dtype):
+        for name, (m, n, k), batch, op in gemm_cases(model, a.tp, mb, dtype, a.head):
             t = measure((m, n, k), batch, device, a.repeats)
             pred = {key: predicted(op, name.split()[-1], d, dtype) for key, d in devs.items()}
             total_meas += t

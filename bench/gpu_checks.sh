@@ -40,6 +40,8 @@ $py bench/bench_gpu_layer.py --preset "$preset" --measured "$PARATRAIN_CACHE/mea
 
 step "the GPT-3 175B layer's GEMMs at tp 8, micro-batch 1-3: measured vs modelled"
 $py bench/bench_gpu_gemm.py --preset "$preset" --measured "$PARATRAIN_CACHE/measured-$preset.json" --json "$out/gemm.json"
+# GPT-2's head over its odd 50,257-wide vocabulary (the one-GPU train step's GEMMs ran at 236 TFLOP/s)
+$py bench/bench_gpu_gemm.py --preset "$preset" --model gpt2 --tp 1 --microbatches 8 --head
 
 step "train on the GPU (bf16), a step's profile (fp32, bf16), then simulate the same"
 $py -m paratrain train --model gpt2 --nproc 1 --bf16 --steps 20 --microbatch 8 --global-batch 8 --no-progress \
