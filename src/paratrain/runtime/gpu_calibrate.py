@@ -19,7 +19,7 @@ Three measurements, each of the kernels the cost model prices (:mod:`paratrain.c
   the fused kernels execute (the causal half; the backward 2.5× the forward: FlashAttention-2,
   Dao 2023, sec. 3.2) and the preset's peak × the tile shape efficiency of the ``s×s×d`` blocks,
   at sequences 2,048, 4,096 and 8,192 over the same tokens (``ATTENTION_SHAPES``; one H100 ran
-  a layer's attention at 2,048 about 0.75× as efficiently as at 4,096); the median is the
+  a layer's attention at 2,048 at most 0.75× as efficiently as at 4,096); the median is the
   model's ``attention_efficiency``.
 
 :func:`measure_gpu` runs on any torch device (the unit tests run it on the CPU, which exercises
