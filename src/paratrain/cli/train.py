@@ -48,7 +48,8 @@ _E = "Evaluation"
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train", help="Train a model for real on torch.distributed (gloo on CPU, NCCL on GPU).")(
+    app.command("train", help="Train a model for real on torch.distributed: NCCL on the GPUs when each local "
+                              "process has one, gloo on the CPU otherwise (PARATRAIN_DEVICE=cpu|cuda decides).")(
         flag_errors(train)
     )
 
