@@ -49,6 +49,18 @@ def test_bad_flag_fails_up_front(run_cli, case: str, launcher: bool) -> None:
     assert_one_line_error(code, err, *needles)
 
 
+@pytest.mark.parametrize("launcher", [False, True], ids=["one-process", "nproc-2"])
+@pytest.mark.parametrize(("device", "needle"), [("cuda", "GPU(s) visible"), ("tpu", "unknown device 'tpu'")])
+def test_a_device_the_machine_lacks_fails_up_front(run_cli, monkeypatch, launcher: bool, device: str,
+                                                    needle: str) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on the CI machine, also on a GPU one
+    monkeypatch.setenv("PARATRAIN_DEVICE", device)
+    extra = ["--dp", "2", "--nproc", "2"] if launcher else []
+    assert_one_line_error(*run_cli("train", *TINY, *extra)[::2], "PARATRAIN_DEVICE", needle)
+
+
 def _paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")

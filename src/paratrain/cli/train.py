@@ -316,6 +316,9 @@ def train(
         check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
                     virtual_stages=pcfg.virtual_stages)
     check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    from paratrain.runtime.mesh import runtime_device
+
+    runtime_device(nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # PARATRAIN_DEVICE the node can honour
     check_task(pcfg, tcfg)
     check_compression(pcfg, tcfg)
     check_checkpointing(pcfg, tcfg)

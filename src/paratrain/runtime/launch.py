@@ -29,7 +29,7 @@ from paratrain.parallel.config import ParallelConfig
 from paratrain.spec.model import ModelSpec, resolve_model
 
 from .forkserver import forked_workers, worker_started
-from .mesh import check_world_size
+from .mesh import check_world_size, runtime_device
 from .train import TrainConfig, validate_run, worker_main
 
 __all__ = ["Interrupted", "LaunchError", "TrainResult", "free_port", "launch", "run_training"]
@@ -119,6 +119,7 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
 
     check_world_size(config, nproc)
     validate_run(spec, config, train, procs_on_host=nproc)
+    runtime_device(nproc)  # a PARATRAIN_DEVICE the node cannot honour: one line before any worker starts (run_training)
     if threads_per_proc is None:
         # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
         threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)
