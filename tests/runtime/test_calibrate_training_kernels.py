@@ -136,7 +136,7 @@ def test_the_overhead_block_is_charged_one_overhead_per_counted_kernel() -> None
     import torch
 
     from paratrain.cost.compute import layer_ops
-    from paratrain.runtime.calibrate import OVERHEAD_BLOCK, _overhead_block, _overhead_spec, overhead_block_kernels
+    from paratrain.runtime.calibrate import OVERHEAD_BLOCK, _overhead_spec, overhead_block, overhead_block_kernels
     from paratrain.spec.device_presets import DEVICE_PRESETS
 
     free = dataclasses.replace(DEVICE_PRESETS["cpu"], peak_fp32_flops=1e30, memory_bandwidth_Bps=1e30,
@@ -144,7 +144,7 @@ def test_the_overhead_block_is_charged_one_overhead_per_counted_kernel() -> None
     ops = layer_ops(_overhead_spec(), microbatch=OVERHEAD_BLOCK[3], dtype="fp32", attention="flash")
     charged = sum(sum(op_time_split(o, free, "fp32")) for o in ops)
     assert charged == pytest.approx(overhead_block_kernels() * 1e-6, rel=1e-9)
-    block, x = _overhead_block()
+    block, x = overhead_block()
     out = block(x)
     assert out.shape == x.shape and x.shape[-1] == OVERHEAD_BLOCK[0]
     grads = torch.autograd.grad([out.sum()], [x, *block.parameters()])

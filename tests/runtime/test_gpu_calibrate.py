@@ -80,6 +80,11 @@ def test_elementwise_times_give_the_efficiencies_under_which_the_model_reproduce
     assert ops["norm"].fwd_bytes + ops["norm"].bwd_bytes == (2 + 3) * 64 * mib
     assert ops["residual"].fwd_bytes + ops["residual"].bwd_bytes == (3 + 1) * 64 * mib
     assert ops["activation"].fwd_bytes + ops["activation"].bwd_bytes == (2 + 3 + 1) * 256 * mib
+    # the host's issue time: the overhead block's time over the kernels the model counts for it
+    from paratrain.runtime.calibrate import overhead_block_kernels
+
+    out = gpu_calibrate.efficiencies({**base, "host_block_s": overhead_block_kernels() * 23e-6}, H100)
+    assert out["host_issue_s"] == pytest.approx(23e-6)
     with pytest.raises(ConfigError, match="kernel overheads"):
         gpu_calibrate.efficiencies({**base, "elementwise": {**ew, "norm_s": 1e-6, "residual_s": 1e-6}}, H100)
 
@@ -101,6 +106,7 @@ def test_calibrate_gpu_stores_a_measured_calibration_that_calibration_measured_a
     assert cluster.device.gemm_efficiency == stored["gemm_efficiency"]
     assert cluster.device.attention_efficiency == stored["attention_efficiency"]
     assert cluster.device.activation_efficiency == stored["activation_efficiency"]
+    assert cluster.device.host_issue_s == stored["host_issue_s"] > 0
     assert set(stored["measured"]["elementwise"]) == {"tokens", "hidden", "norm_s", "residual_s", "activation_s"}
     fitted = apply_calibration(resolve_cluster("dgx-h100"), None)
     assert cluster.intra_link == fitted.intra_link  # the links stay the fitted calibration's

@@ -153,6 +153,8 @@ def _calibrate_gpu(preset: str, out: Path | None, json_out: bool) -> None:
     print(f"  copy {doc['copy_efficiency']:.3f} of the bandwidth; a layer's element-wise kernels at "
           f"{ew['tokens']}x{ew['hidden']}: norm {ew['norm_s'] * 1e3:.3f} ms, residual {ew['residual_s'] * 1e3:.3f} ms, "
           f"GeLU {ew['activation_s'] * 1e3:.3f} ms")
+    print(f"  host issue time {doc['host_issue_s'] * 1e6:.1f} us per modelled kernel (the runtime's block at "
+          f"a negligible size, {measured['host_block_s'] * 1e3:.2f} ms forward + backward)")
     by_seq = ", ".join(f"{a['seq']}: {a['efficiency']:.3f}" for a in doc["attention_by_seq"])
     print(f"  attention efficiency by sequence: {by_seq}")
     print(f"gemm_efficiency {doc['gemm_efficiency']:.3f} (median), memory_efficiency {doc['memory_efficiency']:.3f} "

@@ -59,7 +59,7 @@ __all__ = [
     "measure_machine",
     "measure_variation",
     "measurement_steps",
-    "overhead_block_kernels",
+    "overhead_block", "overhead_block_kernels",
     "reference_attention_op",
     "size_label",
     "training_attention_efficiency",
@@ -245,7 +245,7 @@ def measure_cpu(
     # (OVERHEAD_BLOCK), forward and backward through torch.autograd, over the kernels the cost
     # model counts for that layer (overhead_block_kernels). A chain of bare Linear + GeLU layers
     # misses that glue: 7 us per kernel here against the block's 16-18.
-    block, block_x = _overhead_block()
+    block, block_x = overhead_block()
     block_leaves = [block_x, *block.parameters()]
 
     def train_block() -> None:
@@ -486,7 +486,7 @@ def _overhead_spec() -> Any:
     return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, seq=seq, ffn=4 * hidden)
 
 
-def _overhead_block() -> tuple[Any, Any]:
+def overhead_block() -> tuple[Any, Any]:
     """The runtime's GPT block at ``OVERHEAD_BLOCK`` and its input (fp32, gradients on)."""
     import torch
 

@@ -20,7 +20,11 @@ Three measurements, each of the kernels the cost model prices (:mod:`paratrain.c
   Dao 2023, sec. 3.2) and the preset's peak × the tile shape efficiency of the ``s×s×d`` blocks,
   at sequences 2,048, 4,096 and 8,192 over the same tokens (``ATTENTION_SHAPES``; one H100 ran
   a layer's attention at 2,048 at most 0.75× as efficiently as at 4,096); the median is the
-  model's ``attention_efficiency``.
+  model's ``attention_efficiency``;
+- **the host's issue time**: the runtime's GPT block at a size where the GPU's work is negligible
+  (``calibrate.OVERHEAD_BLOCK``), forward and backward back to back, over the kernels the cost
+  model counts for it: the device's ``host_issue_s`` (an eager step of a small model was host-bound
+  on an H100: 46 ms of kernels in a ~70 ms step).
 
 :func:`measure_gpu` runs on any torch device (the unit tests run it on the CPU, which exercises
 the code path without any GPU figure); :func:`efficiencies` turns its figures into the calibration.
@@ -64,7 +68,7 @@ _FLASH_BWD_RATIO = 2.5
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MEASURED_FIELDS = ("gemm_efficiency", "memory_efficiency", "attention_efficiency")
 # Measured since the element-wise kernels are: absent from older files (their memory_efficiency is the copy's).
-OPTIONAL_FIELDS = ("activation_efficiency",)
+OPTIONAL_FIELDS = ("activation_efficiency", "host_issue_s")
 
 
 def cuda_available() -> bool:
@@ -129,11 +133,13 @@ def measure_gpu(
     src = dst = torch.empty(0)  # free the buffers before the attention's
     elementwise = _time_elementwise(timed, dev, tdtype, elementwise_shape, repeats)
     attention = [_time_attention(timed, dev, tdtype, shape, repeats) for shape in attention_shapes]
+    host_block_s = _time_host_block(dev, tdtype, repeats)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
     return {
         "torch_device": name, "dtype": dtype, "gemm": gemms, "copy_bytes": copy_bytes, "copy_s": copy_s,
         "elementwise": elementwise,
         "attention": attention,
+        "host_block_s": host_block_s,
     }
 
 
@@ -151,6 +157,35 @@ def _time_attention(timed: Callable[[Callable[[], Any], int], float], dev: Any, 
 
     return {"batch": bsz, "heads": heads, "seq": seq, "head_dim": head_dim, "causal": True,
             "seconds": timed(attention, repeats)}
+
+
+def _time_host_block(dev: Any, tdtype: Any, repeats: int) -> float:
+    """Mean wall time of the overhead block's forward + backward issued back to back (the GPU's
+    work at that size is far below the host's, so the wall is the host's issue time)."""
+    import torch
+
+    from paratrain.runtime.calibrate import overhead_block
+
+    block, x = overhead_block()
+    block, x = block.to(device=dev, dtype=tdtype), x.detach().to(device=dev, dtype=tdtype).requires_grad_(True)
+    leaves = [x, *block.parameters()]
+
+    def step() -> None:
+        torch.autograd.grad([block(x).sum()], leaves)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    calls = max(20, 5 * repeats)
+    for _ in range(3):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / calls
 
 
 def _attention_efficiency(a: dict[str, Any], peak: float, preset: DeviceSpec) -> float:
@@ -253,6 +288,10 @@ def efficiencies(measured: dict[str, Any], preset: DeviceSpec) -> dict[str, Any]
         out["memory_efficiency"] = min(1.0, _memory_rate(
             [ops["norm"], ops["residual"]], float(ew["norm_s"]) + float(ew["residual_s"]), preset))
         out["activation_efficiency"] = min(1.0, _memory_rate([ops["activation"]], float(ew["activation_s"]), preset))
+    if measured.get("host_block_s") is not None:
+        from paratrain.runtime.calibrate import overhead_block_kernels
+
+        out["host_issue_s"] = float(measured["host_block_s"]) / overhead_block_kernels()
     return out
 
 
