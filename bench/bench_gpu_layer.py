@@ -49,14 +49,6 @@ def _group(aten_name: str) -> str:
     return "other"
 
 
-def layer_spec(hidden: int, heads: int, seq: int) -> Any:
-    from paratrain.spec.model import resolve_model
-
-    base = resolve_model("gpt-tiny", "--model")
-    return dataclasses.replace(base, hidden=hidden, heads=heads, kv_heads=heads, ffn=4 * hidden, seq=seq,
-                               layers=1, dropout=False)
-
-
 def measure(spec: Any, microbatch: int, device: str, repeats: int) -> dict[str, Any]:
     """Mean forward and backward seconds of one layer, and device seconds per operator group."""
     import torch
@@ -171,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'hidden':>6} {'heads':>5} {'seq':>5} {'mb':>3} {'meas ms':>9} " +
           " ".join(f"{k + ' ms':>12} {'err':>7}" for k in devs))
+    from paratrain.runtime.gpu_calibrate import layer_spec
+
     for hidden, heads, seq, mb in shapes:
         spec = layer_spec(hidden, heads, seq)
         m = measure(spec, mb, device, a.repeats)
