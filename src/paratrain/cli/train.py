@@ -316,9 +316,10 @@ def train(
         check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
                     virtual_stages=pcfg.virtual_stages)
     check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    from paratrain.runtime.mesh import runtime_device
+    if not launching:  # launch checks it for the workers it starts
+        from paratrain.runtime.mesh import runtime_device
 
-    runtime_device(nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # PARATRAIN_DEVICE the node can honour
+        runtime_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # a PARATRAIN_DEVICE the node can honour
     check_task(pcfg, tcfg)
     check_compression(pcfg, tcfg)
     check_checkpointing(pcfg, tcfg)

@@ -119,7 +119,7 @@ def launch(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, nproc: i
 
     check_world_size(config, nproc)
     validate_run(spec, config, train, procs_on_host=nproc)
-    runtime_device(nproc)  # a PARATRAIN_DEVICE the node cannot honour: one line before any worker starts (run_training)
+    runtime_device(nproc)  # a PARATRAIN_DEVICE the node cannot honour: one error line before any worker starts
     if threads_per_proc is None:
         # Share the cores instead of oversubscribing them (torchrun sets OMP_NUM_THREADS=1).
         threads_per_proc = max(1, (os.cpu_count() or 1) // nproc)

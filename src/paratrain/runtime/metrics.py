@@ -69,8 +69,8 @@ def peak_flops_per_device(device: torch.device, bf16: bool) -> tuple[float, str]
         dtype = "bf16" if bf16 else "tf32" if tf32 else "fp32"
     spec = resolve_device(name)
     peak = spec.peak_flops(dtype) or spec.peak_fp32_flops
-    if device.type == "cpu" and torch.get_num_threads() > 1:
-        threads = torch.get_num_threads()
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and threads > 1:
         return peak * threads, f"{name} preset x {threads} threads"
     return peak, f"{name} preset"
 
