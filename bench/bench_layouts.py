@@ -2,8 +2,10 @@
 
 One script, the workflow a user follows: ``paratrain calibrate --procs 4 --threads 1`` (or
 ``--calibration DIR``, a ``PARATRAIN_CACHE`` directory holding a calibration), then one torchrun
-launch of 4 processes (one thread each) that trains every layout in turn for ``--steps`` steps with
-paratrain's step loop (as ``paratrain train`` does), then ``paratrain.sim.simulate_config`` on the
+launch of 4 processes (one thread each) that trains every layout for ``--steps`` steps with
+paratrain's step loop (as ``paratrain train`` does), spread over ``--rounds`` rounds that each give
+every layout its share in turn (a host whose speed drifts during the run then slows every layout
+alike, not only those that ran last), then ``paratrain.sim.simulate_config`` on the
 calibrated ``cpu`` cluster (PyTorch's AdamW, the calibration's duration variation) for each.
 Measured: the median step time over the steps after the first. No fit to the runs predicted.
 
@@ -83,28 +85,48 @@ def _config(a: argparse.Namespace, name: str):
 
 
 def worker(a: argparse.Namespace) -> None:
-    """One of the four processes: every layout in turn, each on its own mesh of the launch's group."""
+    """One of the four processes: every layout on its own mesh of the launch's group, trained in
+    ``--rounds`` rounds (each round gives every layout its share of ``--steps`` in turn), so that a
+    host whose speed drifts during the run slows every layout alike instead of the ones that ran
+    last. Rank 0 writes each layout's step times (``step_time_s`` rows, as ``paratrain train``'s
+    metrics), in the order they ran."""
     import torch
 
     from paratrain.runtime.mesh import init_runtime
-    from paratrain.runtime.metrics import MetricsWriter
     from paratrain.runtime.train import TrainConfig, Trainer
 
     torch.set_num_threads(1)
     out = Path(a.out)
     rates = [_gemm_rate()]
-    for name in a.layouts.split(","):
-        train = TrainConfig(steps=a.steps, data="synthetic", metrics=str(out / f"{name}.jsonl"), progress=False,
-                            log_every=a.steps)
+    names = a.layouts.split(",")
+    trainers = {}
+    for name in names:  # every layout built first: a round then only trains
+        train = TrainConfig(steps=a.steps, data="synthetic", progress=False, log_every=a.steps)
         ctx = init_runtime(_config(a, name))
         torch.manual_seed(train.seed)
-        trainer = Trainer(ctx, _spec(a), train)
-        with MetricsWriter(train.metrics, ctx.rank) as writer:
-            trainer.run(writer)
-        torch.distributed.barrier()
+        trainers[name] = Trainer(ctx, _spec(a), train)
+    rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for r, share in enumerate(round_steps(a.steps, a.rounds)):
+        for name in names:
+            for _ in range(share):
+                step = len(rows[name])
+                row = trainers[name].train_step(step)
+                rows[name].append({"step": step, "round": r, "step_time_s": row["step_time_s"]})
+            torch.distributed.barrier()
     rates.append(_gemm_rate())
-    (out / f"gemm-{torch.distributed.get_rank()}.json").write_text(json.dumps(rates))
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        for name in names:
+            (out / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows[name]))
+    (out / f"gemm-{rank}.json").write_text(json.dumps(rates))
     torch.distributed.destroy_process_group()
+
+
+def round_steps(steps: int, rounds: int) -> list[int]:
+    """Steps per round for ``steps`` spread over ``rounds`` as evenly as possible (the earlier
+    rounds take the remainder); rounds that would get none are dropped."""
+    base, extra = divmod(steps, rounds)
+    return [n for n in (base + (i < extra) for i in range(rounds)) if n]
 
 
 def _gemm_rate(seconds: float = 1.0) -> float:
@@ -272,13 +294,17 @@ def main() -> None:
                    help="comma-separated, of: " + ", ".join([*LAYOUTS, *CP_LAYOUTS]) + " (the cp ones on request)")
     p.add_argument("--predict-only", action="store_true", help="print the predictions of --calibration's "
                    "calibration without training (no measured column, no verdict)")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=4, help="steps per layout (the first is a warm-up)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds the steps are spread over (every layout in "
+                   "turn in each round)")
     add_model_flags(p)
     a = p.parse_args()
     if a.worker:
         worker(a)
         return
     unknown = [n for n in a.layouts.split(",") if n not in LAYOUTS and n not in CP_LAYOUTS]
+    if a.steps < 1 or a.rounds < 1:
+        p.error("--steps and --rounds must be at least 1")
     if unknown:
         p.error(f"unknown layouts {unknown}; choose from {', '.join([*LAYOUTS, *CP_LAYOUTS])}")
     if a.predict_only:
@@ -301,7 +327,7 @@ def main() -> None:
             for f in ("cpu.json", "cpu-cluster.json"):
                 shutil.copyfile(cache / f, Path(a.save_calibration) / f)
         t1 = time.perf_counter()
-        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", *model_argv(a)]
+        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a)]
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", __file__, "--worker",
                   "--out", str(tmp), *args]
         subprocess.run(launch, env=env, check=True, stdout=subprocess.DEVNULL)

@@ -38,3 +38,15 @@ def test_a_swap_the_measurement_resolves_is_counted_against_the_prediction() -> 
     times = [[1.0, 1.2], [1.1, 1.3], [2.0, 2.1]]
     predicted = [2.3, 1.15, 2.2]  # a predicted slower than c, which every measured step contradicts
     assert bench.ranking_up_to_ties(predicted, times) == (1, 2)
+
+
+def test_steps_are_spread_over_rounds_with_the_remainder_first() -> None:
+    # every layout trains its --steps in turn in each round; the sum is always --steps
+    assert bench.round_steps(4, 2) == [2, 2]
+    assert bench.round_steps(5, 2) == [3, 2]
+    assert bench.round_steps(7, 3) == [3, 2, 2]
+    assert bench.round_steps(4, 1) == [4]
+    assert bench.round_steps(2, 4) == [1, 1]  # rounds left without a step are dropped
+    for steps in range(1, 12):
+        for rounds in range(1, 6):
+            assert sum(bench.round_steps(steps, rounds)) == steps
