@@ -1,12 +1,13 @@
 """Layouts on this machine: predicted (after ``paratrain calibrate`` alone) vs measured step time.
 
 One script, the workflow a user follows: ``paratrain calibrate --procs 4 --threads 1`` (or
-``--calibration DIR``, a ``PARATRAIN_CACHE`` directory holding a calibration), then one torchrun
-launch of 4 processes (one thread each) that trains every layout for ``--steps`` steps with
-paratrain's step loop (as ``paratrain train`` does), spread over ``--rounds`` rounds that each give
-every layout its share in turn (a host whose speed drifts during the run then slows every layout
-alike, not only those that ran last), then ``paratrain.sim.simulate_config`` on the
-calibrated ``cpu`` cluster (PyTorch's AdamW, the calibration's duration variation) for each.
+``--calibration DIR``, a ``PARATRAIN_CACHE`` directory holding a calibration), then one launch of
+4 processes of one thread each, started as ``paratrain train`` starts its workers
+(:func:`launch_workers`), that trains every layout for ``--steps`` steps with paratrain's step loop,
+spread over ``--rounds`` rounds that each give every layout its share in turn (a host whose speed
+drifts during the run then slows every layout alike, not only those that ran last), then
+``paratrain.sim.simulate_config`` on the calibrated ``cpu`` cluster (PyTorch's AdamW, the
+calibration's duration variation) for each.
 Measured: the median step time over the steps after the first. No fit to the runs predicted.
 
 Model: GPT, 8 layers, hidden 256, 4 heads, sequence 128, vocabulary 256, fp32; global batch 32 in
@@ -122,6 +123,38 @@ def worker(a: argparse.Namespace) -> None:
     torch.distributed.destroy_process_group()
 
 
+def _worker_entry(argv: list[str]) -> None:
+    """A worker forked by :func:`launch_workers`, given the bench's worker arguments."""
+    from paratrain.runtime.forkserver import worker_started
+
+    worker_started()
+    p = argparse.ArgumentParser()
+    p.add_argument("--layouts")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--rounds", type=int)
+    add_model_flags(p)
+    worker(p.parse_args(argv))
+
+
+def launch_workers(argv: list[str], env: dict[str, str]) -> None:
+    """Four workers started as ``paratrain train`` starts its own (``runtime/launch.py``): torch's
+    elastic agent in this process, the workers forked from a server that imported the runtime once.
+    Not ``torchrun``'s freshly spawned interpreters: on this 2-core machine they ran the tensor-
+    parallel layouts 7-11 % slower than forked workers (two interleaved pairs of launches, the same
+    worker code; dp 4 3-5 %), and ``paratrain train`` and ``paratrain calibrate`` fork theirs."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from paratrain.runtime.forkserver import forked_workers
+    from paratrain.runtime.launch import free_port
+
+    os.environ.update(env)  # the fork server starts with this environment (OMP_NUM_THREADS=1)
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, run_id="bench-layouts", rdzv_backend="c10d",
+                      rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
+                      start_method="forkserver", local_addr="127.0.0.1")
+    with forked_workers(["paratrain.runtime.train"]):
+        elastic_launch(lc, _worker_entry)(argv)
+
+
 def round_steps(steps: int, rounds: int) -> list[int]:
     """Steps per round for ``steps`` spread over ``rounds`` as evenly as possible (the earlier
     rounds take the remainder); rounds that would get none are dropped."""
@@ -226,7 +259,7 @@ MODEL_FLAGS = (("layers", 8), ("hidden", 256), ("heads", 4), ("seq", 128), ("voc
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """The model flags, and the hidden ones a torchrun worker is started with."""
+    """The model flags, and the hidden ones a worker is started with."""
     for name, default in MODEL_FLAGS:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -327,10 +360,9 @@ def main() -> None:
             for f in ("cpu.json", "cpu-cluster.json"):
                 shutil.copyfile(cache / f, Path(a.save_calibration) / f)
         t1 = time.perf_counter()
-        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a)]
-        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", __file__, "--worker",
-                  "--out", str(tmp), *args]
-        subprocess.run(launch, env=env, check=True, stdout=subprocess.DEVNULL)
+        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a), "--worker",
+                "--out", str(tmp)]
+        launch_workers(args, env)
         t2 = time.perf_counter()
         names = a.layouts.split(",")
         step_times = [_step_times(tmp / f"{n}.jsonl") for n in names]

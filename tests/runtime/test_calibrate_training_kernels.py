@@ -16,7 +16,9 @@ from paratrain.cost.gemm import gemm_efficiency, gemm_tile_choice
 from paratrain.runtime.calibrate import (
     ATTENTION_SHAPE,
     VARIATION_SHAPE,
+    _paired_times,
     device_from_measurement,
+    drift_corrected,
     reference_attention_op,
     training_attention_efficiency,
     training_gemm_efficiency,
@@ -52,6 +54,28 @@ def test_the_model_times_the_training_gemms_as_measured(procs_cores: tuple[int, 
     assert _modelled_s(dev) == pytest.approx(wall * share, rel=1e-9)
     assert dev.gemm_efficiency == pytest.approx((ideal - 6 * base.kernel_overhead_s)
                                                 / (1.25 * ideal - 6 * base.kernel_overhead_s), rel=1e-9)
+
+
+def test_a_host_slower_while_timing_the_training_gemms_is_corrected_by_the_reference() -> None:
+    # the square GEMM took 10 ms when the peak was measured and 12.5 ms beside the training GEMMs:
+    # the host ran at 80 % of its speed, so 50 ms measured then are 40 ms at the stored peak
+    assert drift_corrected(0.050, 0.0125, 0.010) == pytest.approx(0.040, rel=1e-12)
+    assert drift_corrected(0.050, 0.010, 0.010) == pytest.approx(0.050, rel=1e-12)  # no drift
+    base = device_from_measurement(MEASURED)
+    slow = 1.25 * _modelled_s(base)  # the training GEMMs at the ideal, timed on a host 25 % slower
+    assert training_gemm_efficiency(base, drift_corrected(slow, 0.0125, 0.010)) == pytest.approx(1.0, rel=1e-9)
+    with pytest.raises(ValueError):
+        drift_corrected(0.05, 0.0, 0.01)
+
+
+def test_paired_times_alternate_the_two_calls_under_one_deadline() -> None:
+    import time
+
+    calls: list[str] = []
+    ta, tb = _paired_times(lambda: calls.append("a"), lambda: calls.append("b"), best=True,
+                           deadline=time.perf_counter() - 1.0)  # past: the minimum of three pairs
+    assert calls == ["a", "b"] * 4  # one warm-up pair, then three timed pairs, alternating
+    assert 0.0 <= ta < 0.01 and 0.0 <= tb < 0.01
 
 
 def test_training_gemms_faster_than_the_model_allows_cap_the_efficiency_at_one() -> None:
