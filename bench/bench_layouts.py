@@ -6,8 +6,11 @@ One script, the workflow a user follows: ``paratrain calibrate --procs 4 --threa
 (:func:`launch_workers`), that trains every layout for ``--steps`` steps with paratrain's step loop,
 spread over ``--rounds`` rounds that each give every layout its share in turn (a host whose speed
 drifts during the run then slows every layout alike, not only those that ran last), then
-``paratrain.sim.simulate_config`` on the calibrated ``cpu`` cluster (PyTorch's AdamW, the
-calibration's duration variation) for each.
+``paratrain calibrate`` again (``--no-calibrate-after`` skips it), then
+``paratrain.sim.simulate_config`` on each calibrated ``cpu`` cluster (PyTorch's AdamW, the
+calibration's duration variation) for each layout: the prediction is the mean of the two (the
+runs sit between them; the host's speed moves by several per cent within minutes), and each
+calibration's own verdict is printed beside it.
 Measured: the median step time over the steps after the first. No fit to the runs predicted.
 
 Model: GPT, 8 layers, hidden 256, 4 heads, sequence 128, vocabulary 256, fp32; global batch 32 in
@@ -328,6 +331,9 @@ def main() -> None:
     p.add_argument("--predict-only", action="store_true", help="print the predictions of --calibration's "
                    "calibration without training (no measured column, no verdict)")
     p.add_argument("--steps", type=int, default=4, help="steps per layout (the first is a warm-up)")
+    p.add_argument("--calibrate-after", action=argparse.BooleanOptionalAction, default=True,
+                   help="without --calibration: calibrate again after the runs and predict with the mean of the "
+                   "two calibrations' predictions (the host's speed drifts by several per cent in minutes)")
     p.add_argument("--rounds", type=int, default=2, help="rounds the steps are spread over (every layout in "
                    "turn in each round)")
     add_model_flags(p)
@@ -347,33 +353,49 @@ def main() -> None:
         return
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def calibrate(into: Path, when: str) -> None:
+        print(f"paratrain calibrate --procs 4 --threads 1 ({when}) ...", flush=True)
+        subprocess.run([str(bin_dir / "paratrain"), "calibrate", "--procs", "4", "--threads", "1"],
+                       env={**env, "PARATRAIN_CACHE": str(into)}, check=True)
+
     with tempfile.TemporaryDirectory(prefix="bench-layouts-") as tmp_name, LoadWatch() as load:
         tmp = Path(tmp_name)
-        cache = Path(a.calibration) if a.calibration else tmp / "cache"
+        caches = [Path(a.calibration) if a.calibration else tmp / "cache"]
         t0 = time.perf_counter()
         if not a.calibration:
-            print("paratrain calibrate --procs 4 --threads 1 ...", flush=True)
-            subprocess.run([str(bin_dir / "paratrain"), "calibrate", "--procs", "4", "--threads", "1"],
-                           env={**env, "PARATRAIN_CACHE": str(cache)}, check=True)
-        if a.save_calibration:
-            Path(a.save_calibration).mkdir(parents=True, exist_ok=True)
-            for f in ("cpu.json", "cpu-cluster.json"):
-                shutil.copyfile(cache / f, Path(a.save_calibration) / f)
+            calibrate(caches[0], "before the runs")
         t1 = time.perf_counter()
         args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a), "--worker",
                 "--out", str(tmp)]
         launch_workers(args, env)
         t2 = time.perf_counter()
+        if not a.calibration and a.calibrate_after:
+            caches.append(tmp / "cache-after")
+            calibrate(caches[1], "after the runs")
+        if a.save_calibration:
+            for c, sub in zip(caches, ("", "after"), strict=False):
+                (Path(a.save_calibration) / sub).mkdir(parents=True, exist_ok=True)
+                for f in ("cpu.json", "cpu-cluster.json"):
+                    shutil.copyfile(c / f, Path(a.save_calibration) / sub / f)
         names = a.layouts.split(",")
         step_times = [_step_times(tmp / f"{n}.jsonl") for n in names]
         measured = [statistics.median(ts) for ts in step_times]
-        os.environ["PARATRAIN_CACHE"] = str(cache)
         from paratrain.spec.cluster import resolve_cluster
 
-        cluster = resolve_cluster("cpu", "--cluster", gpus=4)  # read while the calibration exists
+        clusters = []
+        for c in caches:  # each read while its calibration exists
+            os.environ["PARATRAIN_CACHE"] = str(c)
+            clusters.append(resolve_cluster("cpu", "--cluster", gpus=4))
         gemm = [json.loads(f.read_text()) for f in sorted(tmp.glob("gemm-*.json"))]
-    predicted = _predicted(a, cluster, names)
-    print(f"{_describe(cluster)} ({t1 - t0:.0f} s); runs {t2 - t1:.0f} s")
+    each = [_predicted(a, c, names) for c in clusters]
+    # the runs sit between the two calibrations: the mean of their predictions
+    predicted = [statistics.fmean(ps) for ps in zip(*each, strict=True)]
+    for c, when in zip(clusters, ("before the runs", "after the runs"), strict=False):
+        print(f"{_describe(c)} ({when})")
+    print(f"calibration {t1 - t0:.0f} s; runs {t2 - t1:.0f} s")
+    if len(each) > 1:
+        print("predicted: the mean of the two calibrations' predictions")
     pr, mr = _ranks(predicted), _ranks(measured)
     print(f"{'layout':<18}{'predicted s':>12}{'measured s':>12}{'error':>9}{'rank pred':>11}{'rank meas':>11}"
           f"{'steps min-max s':>18}")
@@ -393,9 +415,17 @@ def main() -> None:
     print(f"up to ties within the measured noise (two layouts are ranked only when every step of one was faster "
           f"than every step of the other): {agree} of the {pairs} pairs the measurement orders are predicted in "
           f"that order; ranking {'equals' if agree == pairs else 'differs from'} the measured one up to ties")
+    if len(each) > 1:
+        for ps, when in zip(each, ("before", "after"), strict=True):
+            errs = [x / m - 1 for x, m in zip(ps, measured, strict=True)]
+            print(f"  with the calibration {when} the runs alone: within {TOLERANCE:.0%}: "
+                  f"{sum(abs(e) <= TOLERANCE for e in errs)} of {len(names)} (worst {max(errs, key=abs) * 100:+.1f} %, "
+                  f"mean |error| {statistics.fmean(abs(e) for e in errs) * 100:.1f} %)")
     print(load.verdict())
-    print(host_drift(cluster.device.peak_fp32_flops, gemm))
-
+    print(host_drift(clusters[0].device.peak_fp32_flops, gemm))
+    if len(clusters) > 1:
+        print(f"  the calibration after the runs: {clusters[1].device.peak_fp32_flops / 1e9:.1f} GFLOP/s per core "
+              f"({clusters[1].device.peak_fp32_flops / clusters[0].device.peak_fp32_flops - 1:+.0%} against before)")
 
 if __name__ == "__main__":
     main()
