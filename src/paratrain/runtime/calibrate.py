@@ -299,8 +299,8 @@ def measure_cpu(
     # Against a square GEMM of _DRIFT_REFERENCE timed in the same window, call for call: the
     # efficiency is a ratio of the two, and the host's speed drifts by several per cent between
     # the first measurement of this function and this one (on the 2-core machine the efficiency
-    # read 0.79-0.96 over four calibrations without the reference, 0.92-0.97 per process in
-    # one-second windows with it).
+    # read 0.79-0.96 over four calibrations without the reference, 0.91-0.98 over five with it
+    # and the longer budget).
     ra, rb = (torch.randn(_DRIFT_REFERENCE, _DRIFT_REFERENCE) for _ in range(2))
     t_train, t_ref = _paired_times(train_gemms, lambda: torch.matmul(ra, rb), best=not sustained,
                                    deadline=deadline(steps - 2))
