@@ -1,6 +1,6 @@
 """Where one layout's step time goes on this machine: wall, CPU and collectives per rank and step.
 
-For a layout of ``bench_layouts.py`` (same model and batch), one torchrun launch of 4 processes
+For a layout of ``bench_layouts.py`` (same model and batch), one launch of 4 processes
 (one thread each) runs a warm-up step and ``--steps`` timed steps of paratrain's ``Trainer``, then
 one more step under a dispatch mode that records every collective. Per rank and step it prints:
 
@@ -24,8 +24,6 @@ import argparse
 import collections
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -136,6 +134,18 @@ def worker(a: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _entry(argv: list[str]) -> None:
+    """One of the four workers :func:`bench_layouts.launch_workers` forks (as ``paratrain train``'s)."""
+    from paratrain.runtime.forkserver import worker_started
+
+    worker_started()
+    p = argparse.ArgumentParser()
+    p.add_argument("layout")
+    p.add_argument("--steps", type=int)
+    bl.add_model_flags(p)
+    worker(p.parse_args(argv))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("layout", choices=[*bl.LAYOUTS, *bl.CP_LAYOUTS])
@@ -149,9 +159,7 @@ def main() -> None:
         p.error("--steps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-layout-cpu-") as tmp:
         args = [a.layout, f"--steps={a.steps}", *bl.model_argv(a)]
-        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", __file__, "--worker",
-                  "--out", tmp, *args]
-        subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, stdout=subprocess.DEVNULL)
+        bl.launch_workers([*args, "--worker", "--out", tmp], {**os.environ, "OMP_NUM_THREADS": "1"}, _entry)
         rows = json.loads((Path(tmp) / "result.json").read_text())
     print(f"{a.layout}: {a.steps} step(s) after a warm-up, per rank and step (seconds)")
     for r in rows:

@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # name: (dp, tp, pp, schedule, virtual stages, sequence parallel)
 LAYOUTS: dict[str, tuple[int, int, int, str, int, bool]] = {
@@ -139,12 +140,14 @@ def _worker_entry(argv: list[str]) -> None:
     worker(p.parse_args(argv))
 
 
-def launch_workers(argv: list[str], env: dict[str, str]) -> None:
+def launch_workers(argv: list[str], env: dict[str, str], entry: Any = None) -> None:
     """Four workers started as ``paratrain train`` starts its own (``runtime/launch.py``): torch's
     elastic agent in this process, the workers forked from a server that imported the runtime once.
     Not ``torchrun``'s freshly spawned interpreters: on this 2-core machine they ran the tensor-
     parallel layouts 7-11 % slower than forked workers (two interleaved pairs of launches, the same
-    worker code; dp 4 3-5 %), and ``paratrain train`` and ``paratrain calibrate`` fork theirs."""
+    worker code; dp 4 3-5 %), and ``paratrain train`` and ``paratrain calibrate`` fork theirs.
+    ``entry(argv)`` runs in each worker (default: this bench's worker); it must be a module-level
+    function, which the workers import by name."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from paratrain.runtime.forkserver import forked_workers
@@ -155,7 +158,7 @@ def launch_workers(argv: list[str], env: dict[str, str]) -> None:
                       rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
                       start_method="forkserver", local_addr="127.0.0.1")
     with forked_workers(["paratrain.runtime.train"]):
-        elastic_launch(lc, _worker_entry)(argv)
+        elastic_launch(lc, entry or _worker_entry)(argv)
 
 
 def round_steps(steps: int, rounds: int) -> list[int]:
