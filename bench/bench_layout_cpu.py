@@ -136,12 +136,10 @@ def worker(a: argparse.Namespace) -> None:
 
 def _entry(argv: list[str]) -> None:
     """One of the four workers :func:`bench_layouts.launch_workers` forks (as ``paratrain train``'s)."""
-    from paratrain.runtime.forkserver import worker_started
-
-    worker_started()
     p = argparse.ArgumentParser()
     p.add_argument("layout")
     p.add_argument("--steps", type=int)
+    p.add_argument("--out")
     bl.add_model_flags(p)
     worker(p.parse_args(argv))
 
@@ -152,14 +150,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")
     bl.add_model_flags(p)
     a = p.parse_args()
-    if a.worker:
-        worker(a)
-        return
     if a.steps < 1:
         p.error("--steps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-layout-cpu-") as tmp:
         args = [a.layout, f"--steps={a.steps}", *bl.model_argv(a)]
-        bl.launch_workers([*args, "--worker", "--out", tmp], {**os.environ, "OMP_NUM_THREADS": "1"}, _entry)
+        bl.launch_workers([*args, f"--out={tmp}"], {**os.environ, "OMP_NUM_THREADS": "1"}, _entry)
         rows = json.loads((Path(tmp) / "result.json").read_text())
     print(f"{a.layout}: {a.steps} step(s) after a warm-up, per rank and step (seconds)")
     for r in rows:

@@ -128,16 +128,22 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def _worker_entry(argv: list[str]) -> None:
-    """A worker forked by :func:`launch_workers`, given the bench's worker arguments."""
-    from paratrain.runtime.forkserver import worker_started
-
-    worker_started()
+    """This bench's worker, given the arguments ``main`` passes to :func:`launch_workers`."""
     p = argparse.ArgumentParser()
     p.add_argument("--layouts")
     p.add_argument("--steps", type=int)
     p.add_argument("--rounds", type=int)
+    p.add_argument("--out")
     add_model_flags(p)
     worker(p.parse_args(argv))
+
+
+def _forked(entry: Any, argv: list[str]) -> None:
+    """What each forked worker runs first (it dies with the fork server), then ``entry(argv)``."""
+    from paratrain.runtime.forkserver import worker_started
+
+    worker_started()
+    entry(argv)
 
 
 def launch_workers(argv: list[str], env: dict[str, str], entry: Any = None) -> None:
@@ -158,7 +164,7 @@ def launch_workers(argv: list[str], env: dict[str, str], entry: Any = None) -> N
                       rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
                       start_method="forkserver", local_addr="127.0.0.1")
     with forked_workers(["paratrain.runtime.train"]):
-        elastic_launch(lc, entry or _worker_entry)(argv)
+        elastic_launch(lc, _forked)(entry or _worker_entry, argv)
 
 
 def round_steps(steps: int, rounds: int) -> list[int]:
@@ -265,11 +271,9 @@ MODEL_FLAGS = (("layers", 8), ("hidden", 256), ("heads", 4), ("seq", 128), ("voc
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """The model flags, and the hidden ones a worker is started with."""
+    """The model flags (the bench's and its workers')."""
     for name, default in MODEL_FLAGS:
         p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
 
 
 def model_argv(a: argparse.Namespace) -> list[str]:
@@ -341,9 +345,6 @@ def main() -> None:
                    "turn in each round)")
     add_model_flags(p)
     a = p.parse_args()
-    if a.worker:
-        worker(a)
-        return
     unknown = [n for n in a.layouts.split(",") if n not in LAYOUTS and n not in CP_LAYOUTS]
     if a.steps < 1 or a.rounds < 1:
         p.error("--steps and --rounds must be at least 1")
@@ -369,8 +370,8 @@ def main() -> None:
         if not a.calibration:
             calibrate(caches[0], "before the runs")
         t1 = time.perf_counter()
-        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a), "--worker",
-                "--out", str(tmp)]
+        args = [f"--layouts={a.layouts}", f"--steps={a.steps}", f"--rounds={a.rounds}", *model_argv(a),
+                f"--out={tmp}"]
         launch_workers(args, env)
         t2 = time.perf_counter()
         if not a.calibration and a.calibrate_after:

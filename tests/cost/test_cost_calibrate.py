@@ -100,13 +100,13 @@ def test_measurement_stops_at_its_deadline() -> None:
     deadline each measurement takes one warm-up and one timed call, whatever the load."""
     import time
 
-    from paratrain.runtime.calibrate import _best_time
+    from paratrain.runtime.calibrate_timing import best_time
 
     calls = []
-    t = _best_time(lambda: calls.append(1), repeats=1000, deadline=time.perf_counter() - 1)
+    t = best_time(lambda: calls.append(1), repeats=1000, deadline=time.perf_counter() - 1)
     assert len(calls) == 2 and t >= 0
     calls.clear()
-    _best_time(lambda: calls.append(1), repeats=5, deadline=time.perf_counter() + 60)
+    best_time(lambda: calls.append(1), repeats=5, deadline=time.perf_counter() + 60)
     assert len(calls) == 6
 
 

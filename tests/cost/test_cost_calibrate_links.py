@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import assert_one_line_error
 
 from paratrain.cost.collectives import collective_time
-from paratrain.runtime.calibrate import _mean_time
+from paratrain.runtime.calibrate_timing import mean_time
 from paratrain.sim.fit_links import fit_alpha_beta
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path, cpu_links
@@ -65,11 +65,11 @@ def test_mean_time_counts_every_call_until_the_deadline() -> None:
         calls.append(1)
         time.sleep(0.002)
 
-    t = _mean_time(fn, repeats=1, deadline=time.perf_counter() - 1)
+    t = mean_time(fn, repeats=1, deadline=time.perf_counter() - 1)
     assert len(calls) == 4  # warm-up + the three a mean needs at least
     assert t >= 0.002
     calls.clear()
-    _mean_time(fn, repeats=1, deadline=time.perf_counter() + 0.05)
+    mean_time(fn, repeats=1, deadline=time.perf_counter() + 0.05)
     assert len(calls) >= 10  # runs until the deadline, whatever `repeats` says
 
 

@@ -16,14 +16,13 @@ from paratrain.cost.gemm import gemm_efficiency, gemm_tile_choice
 from paratrain.runtime.calibrate import (
     ATTENTION_SHAPE,
     VARIATION_SHAPE,
-    _paired_times,
     device_from_measurement,
-    drift_corrected,
     reference_attention_op,
     training_attention_efficiency,
     training_gemm_efficiency,
     training_gemm_shapes,
 )
+from paratrain.runtime.calibrate_timing import drift_corrected, paired_times
 
 MEASURED = {"peak_fp32_flops": 100e9, "gemm_flops_by_size": {512: 100e9}, "memory_bandwidth_Bps": 10e9,
             "elementwise_Bps": 5e9, "kernel_overhead_s": 10e-6, "small_add_s": 1e-6, "small_matmul_s": 2e-6,
@@ -72,7 +71,7 @@ def test_paired_times_alternate_the_two_calls_under_one_deadline() -> None:
     import time
 
     calls: list[str] = []
-    ta, tb = _paired_times(lambda: calls.append("a"), lambda: calls.append("b"), best=True,
+    ta, tb = paired_times(lambda: calls.append("a"), lambda: calls.append("b"), best=True,
                            deadline=time.perf_counter() - 1.0)  # past: the minimum of three pairs
     assert calls == ["a", "b"] * 4  # one warm-up pair, then three timed pairs, alternating
     assert 0.0 <= ta < 0.01 and 0.0 <= tb < 0.01

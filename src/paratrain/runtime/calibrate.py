@@ -40,6 +40,7 @@ from typing import Any
 from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
 from paratrain.runtime.calibrate_comm import COMM_STEPS, measure_comm, size_label
+from paratrain.runtime.calibrate_timing import best_time, drift_corrected, mean_time, paired_times, variation
 from paratrain.runtime.calibrate_tp import measure_tp_collectives, measure_tp_dispatch, tp_group_sizes
 from paratrain.runtime.forkserver import forked_workers, worker_started
 from paratrain.spec.device import DeviceSpec
@@ -64,7 +65,6 @@ __all__ = [
     "size_label",
     "training_attention_efficiency",
     "training_gemm_efficiency",
-    "drift_corrected",
     "training_gemm_shapes",
 ]
 
@@ -108,79 +108,6 @@ def _no_progress(done: int, total: int, what: str) -> None:
     pass
 
 
-def _best_time(fn: Any, *, repeats: int, deadline: float) -> float:
-    """Fastest of up to ``repeats`` timed calls (after one warm-up), stopping at ``deadline``
-    (a ``time.perf_counter()`` value) once at least one call was timed."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        best = min(best, t1 - t0)
-        if t1 > deadline:
-            break
-    return best
-
-
-def _mean_time(fn: Any, *, repeats: int, deadline: float) -> float:
-    """Mean time of back-to-back calls (after one warm-up) until ``deadline``, at least three:
-    total time over calls, so that the time slices other processes take are counted in the
-    proportion a long run of such calls loses to them."""
-    fn()
-    n = 0
-    t0 = time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        t1 = time.perf_counter()
-        if t1 > deadline and n >= 3:
-            return (t1 - t0) / n
-
-
-def _paired_times(fn_a: Any, fn_b: Any, *, best: bool, deadline: float) -> tuple[float, float]:
-    """Times of ``fn_a`` and ``fn_b`` called alternately (after one warm-up each) until ``deadline``,
-    at least three pairs: the fastest call of each with ``best``, else each one's mean (what
-    ``_best_time`` and ``_mean_time`` give), both under the same load."""
-    fn_a(), fn_b()
-    ta: list[float] = []
-    tb: list[float] = []
-    while True:
-        t0 = time.perf_counter()
-        fn_a()
-        t1 = time.perf_counter()
-        fn_b()
-        t2 = time.perf_counter()
-        ta.append(t1 - t0)
-        tb.append(t2 - t1)
-        if t2 > deadline and len(ta) >= 3:
-            pick = min if best else statistics.fmean
-            return pick(ta), pick(tb)
-
-
-def drift_corrected(seconds: float, reference_now_s: float, reference_then_s: float) -> float:
-    """``seconds`` measured while a reference kernel took ``reference_now_s``, as it would have
-    been when the reference took ``reference_then_s`` (the rate the calibration stores): a host
-    slower now by some factor made ``seconds`` longer by the same factor."""
-    if reference_now_s <= 0:
-        raise ValueError(f"reference time must be positive, got {reference_now_s!r}")
-    return seconds * reference_then_s / reference_now_s
-
-
-def _variation(fn: Any, *, deadline: float) -> float:
-    """Coefficient of variation (standard deviation / mean) of back-to-back call times, after
-    one warm-up, until ``deadline`` (at least five calls)."""
-    fn()
-    ts: list[float] = []
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        ts.append(t1 - t0)
-        if t1 > deadline and len(ts) >= 5:
-            return statistics.pstdev(ts) / statistics.fmean(ts)
-
-
 def measure_variation(budget_s: float = _VARIATION_BUDGET_S) -> float:
     """How much the duration of one training action varies from call to call on this machine, as
     it is loaded now: the coefficient of variation of a transformer MLP's forward + backward
@@ -198,7 +125,7 @@ def measure_variation(budget_s: float = _VARIATION_BUDGET_S) -> float:
         y = F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2)
         torch.autograd.grad([y.sum()], [x, w1, w2])
 
-    return _variation(step, deadline=time.perf_counter() + budget_s)
+    return variation(step, deadline=time.perf_counter() + budget_s)
 
 
 def measure_cpu(
@@ -220,7 +147,7 @@ def measure_cpu(
     torch.manual_seed(0)
     start = time.perf_counter()
     steps = len(_GEMM_SIZES) + 7
-    timed = _mean_time if sustained else _best_time
+    timed = mean_time if sustained else best_time
     tell = progress or _no_progress
     of = total if total is not None else len(_CPU_STEPS)
 
@@ -302,7 +229,7 @@ def measure_cpu(
     # read 0.79-0.96 over four calibrations without the reference, 0.91-0.98 over five with it
     # and the longer budget).
     ra, rb = (torch.randn(_DRIFT_REFERENCE, _DRIFT_REFERENCE) for _ in range(2))
-    t_train, t_ref = _paired_times(train_gemms, lambda: torch.matmul(ra, rb), best=not sustained,
+    t_train, t_ref = paired_times(train_gemms, lambda: torch.matmul(ra, rb), best=not sustained,
                                    deadline=deadline(steps - 2))
     t_train = drift_corrected(t_train, t_ref, 2 * _DRIFT_REFERENCE**3 / per_size[_DRIFT_REFERENCE])
     # The attention of that layer as the runtime runs it (runtime.models.layers: torch's SDPA,
