@@ -113,7 +113,7 @@ def devices(preset: str, measured: Path | None) -> dict[str, Any]:
     """The preset's device raw, fitted and (with ``measured``) measured."""
     from paratrain.plan.calibrated import FITTED_BY_DEVICE
     from paratrain.plan.validate import with_calibration
-    from paratrain.runtime.gpu_calibrate import MEASURED_FIELDS, OPTIONAL_FIELDS
+    from paratrain.runtime.gpu_calibrate import read_measured
     from paratrain.spec.cluster import resolve_cluster
 
     # with_calibration takes a cluster; its links do not enter a one-GPU layer.
@@ -123,10 +123,8 @@ def devices(preset: str, measured: Path | None) -> dict[str, Any]:
     if fitted is not None:
         out["fitted"] = with_calibration(cluster, fitted).device
     if measured is not None:
-        doc = json.loads(measured.read_text(encoding="utf-8"))
-        out["measured"] = dataclasses.replace(out.get("fitted", cluster.device),
-                                              **{f: float(doc[f]) for f in MEASURED_FIELDS + OPTIONAL_FIELDS
-                                                 if doc.get(f) is not None})
+        rates = read_measured(measured, "--measured", "give the file `paratrain calibrate --gpu` wrote")
+        out["measured"] = dataclasses.replace(out.get("fitted", cluster.device), **rates)
     return out
 
 

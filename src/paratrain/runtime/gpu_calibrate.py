@@ -50,7 +50,7 @@ __all__ = [
     "GEMM_SHAPES", "ATTENTION_SHAPE", "ATTENTION_SHAPES", "COPY_BYTES", "ELEMENTWISE_SHAPE", "MEASURED_FIELDS",
     "OPTIONAL_FIELDS",
     "measure_gpu", "efficiencies", "elementwise_ops", "layer_spec",
-    "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured",
+    "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured", "read_measured",
 ]
 
 # (m, n, k): a Llama-8B-like layer at 8,192 tokens (QKV with GQA, attention output, MLP up and down)
@@ -324,6 +324,11 @@ def load_measured(preset: str, field: str = "--calibration") -> dict[str, float]
         if not shipped_calibration_path(preset).is_file():
             raise ConfigError(field, f"there is no measured calibration of {preset} at {str(path)!r}", fix)
         path = shipped_calibration_path(preset)
+    return read_measured(path, field, fix)
+
+
+def read_measured(path: Path, field: str, fix: str) -> dict[str, float]:
+    """The efficiencies (and, when measured, the optional fields) of a ``calibrate --gpu`` file."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         out = {f: float(doc[f]) for f in MEASURED_FIELDS}
