@@ -14,7 +14,11 @@ Gb/s HDR per node). None of these rows was used to fit anything: the calibration
 vTrain and public-runs sources, the per-rank spread of cost.dp_reduction comes from Sinha et al.
 2022 and the overlap slowdown from arXiv 2507.03114.
 Prints each row's measured and predicted iteration time and MFU, the error, and the mean and
-largest |error|. Deterministic (no timing of this machine).
+largest |error|; then, per batch size, each column split by least squares into a cost per
+micro-batch of a pipeline and a fixed cost per step (``time = per_microbatch * m + fixed`` over the
+rows' ``m = batch / dp``): the split shows whether the model misses work that grows with the
+micro-batches (compute, p2p) or a per-step cost (bubble, data-parallel reduction, optimizer).
+Deterministic (no timing of this machine).
 """
 
 from __future__ import annotations
@@ -37,11 +41,26 @@ TABLE_2 = (
 MODEL = ModelSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=64000, name="gpt3-175b (MegaScale)")
 
 
+def fixed_and_per_microbatch(microbatches: list[int], times_s: list[float]) -> tuple[float, float]:
+    """``(per_microbatch_s, fixed_s)`` of the least-squares line ``time = per_microbatch_s * m + fixed_s``
+    through ``(m, time)`` points; at least two distinct ``m``."""
+    n = len(microbatches)
+    if n != len(times_s) or len(set(microbatches)) < 2:
+        raise ValueError("need at least two distinct micro-batch counts, one time each")
+    mean_m = sum(microbatches) / n
+    mean_t = sum(times_s) / n
+    sxx = sum((m - mean_m) ** 2 for m in microbatches)
+    sxy = sum((m - mean_m) * (t - mean_t) for m, t in zip(microbatches, times_s, strict=True))
+    slope = sxy / sxx
+    return slope, mean_t - slope * mean_m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--overlap", action="store_true", help="bucketed data-parallel overlap (Megatron-Core)")
     args = ap.parse_args()
     errors = []
+    by_batch: dict[int, list[tuple[int, float, float]]] = {}
     print(f"{'batch':>6} {'GPUs':>6} {'dp':>4} {'measured':>9} {'predicted':>10} {'error':>7} {'MFU meas':>9}"
           f" {'pred':>6}")
     for batch, gpus, measured_s, mfu in TABLE_2:
@@ -54,10 +73,18 @@ def main() -> None:
         res = simulate_config(MODEL, cluster, config, overlap_grad_reduce=args.overlap)
         err = 100 * (res.iteration_time_s / measured_s - 1)
         errors.append(err)
+        by_batch.setdefault(batch, []).append((batch // (gpus // 64), measured_s, res.iteration_time_s))
         print(f"{batch:6d} {gpus:6d} {gpus // 64:4d} {measured_s:8.2f}s {res.iteration_time_s:9.2f}s {err:+6.1f}% "
               f"{100 * mfu:8.1f}% {100 * res.mfu:5.1f}%")
     print(f"mean |error| {sum(abs(e) for e in errors) / len(errors):.1f}%, largest {max(abs(e) for e in errors):.1f}%, "
           f"mean signed {sum(errors) / len(errors):+.1f}%")
+    for batch, points in by_batch.items():
+        ms = [m for m, _, _ in points]
+        meas = fixed_and_per_microbatch(ms, [t for _, t, _ in points])
+        pred = fixed_and_per_microbatch(ms, [t for _, _, t in points])
+        print(f"batch {batch}, m = {min(ms)}..{max(ms)} micro-batches per pipeline: measured "
+              f"{meas[0] * 1e3:.1f} ms per micro-batch + {meas[1]:.2f} s per step; "
+              f"predicted {pred[0] * 1e3:.1f} ms + {pred[1]:.2f} s")
 
 
 if __name__ == "__main__":
