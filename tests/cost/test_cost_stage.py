@@ -89,11 +89,25 @@ def test_p2p_and_activation_bytes(sp: bool) -> None:
     cfg = ParallelConfig(pp=4, tp=4, microbatch=2, sequence_parallel=sp, recompute="selective", global_batch=8,
                          attention="math")
     cc = chunk_costs(GPT, DGX, cfg)
-    assert all(c.p2p_bytes == 2 * GPT.seq * GPT.hidden * 2 // (4 if sp else 1) for c in cc)
+    # Megatron sends 1/tp of the activation either way: sequence-split, or scattered and gathered
+    # again on arrival (all-gather of the whole bf16 activation over the 4 tensor-parallel ranks)
+    act = 2 * GPT.seq * GPT.hidden * 2
+    gather = 0.0 if sp else collective_time("all_gather", act, (0, 1, 2, 3), DGX).time_s
+    assert all(c.p2p_bytes == act // 4 and c.p2p_gather_s == pytest.approx(gather, rel=1e-12) for c in cc)
     mid = cc[1]
     per_layer = activation_bytes_per_layer(GPT, microbatch=2, tp=4, sequence_parallel=sp, recompute="selective")
     assert mid.activation_bytes == 10 * per_layer
     assert cc[0].activation_bytes > mid.activation_bytes and cc[-1].activation_bytes > mid.activation_bytes
+
+
+def test_paratrains_runtime_sends_each_ranks_full_activation() -> None:
+    # DTensor's pipeline (runtime/pipeline.py) sends every tensor-parallel rank's replicated
+    # activation whole; with sequence parallelism each rank's sequence slice
+    cpu = resolve_cluster("cpu", gpus=8)
+    assert cpu.tensor_parallel == "dtensor"
+    for sp, expected in ((False, 2 * GPT.seq * GPT.hidden * 4), (True, 2 * GPT.seq * GPT.hidden * 4 // 4)):
+        cfg = ParallelConfig(pp=2, tp=4, microbatch=2, sequence_parallel=sp, global_batch=8, dtype="fp32")
+        assert all(c.p2p_bytes == expected and c.p2p_gather_s == 0 for c in chunk_costs(GPT, cpu, cfg))
 
 
 def test_recomputation_times() -> None:

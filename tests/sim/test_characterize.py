@@ -95,9 +95,10 @@ def test_simulated_layout_counts_what_the_layout_implies():
     assert (p.ranks, p.steps) == (pp, 1)
     act = 1 * model.seq * model.hidden * 2  # bf16 activation of one micro-batch
     # pp: each of the m micro-batches crosses the one boundary forward and backward: 2m transfers,
-    # each a send on one rank and a receive on the other
+    # each a send on one rank and a receive on the other, of a tensor-parallel rank's 1/tp slice
+    # (Megatron's scatter/gather; the all-gather on arrival is part of the transfer's time)
     assert p.by_axis["pp"].calls == pytest.approx(2 * 2 * m * (pp - 1) / pp)
-    assert p.by_axis["pp"].bytes == pytest.approx(2 * 2 * m * (pp - 1) * act / pp)
+    assert p.by_axis["pp"].bytes == pytest.approx(2 * 2 * m * (pp - 1) * act / 2 / pp)
     # tp per micro-batch: 2 + 2 all-reduces per layer (Megatron), 1 for the embedding's output,
     # the loss's 3 scalars per token and the head's input gradient
     assert p.by_axis["tp"].calls == pytest.approx(m * (4 * layers + 1 + 3 + 1) / pp)

@@ -49,8 +49,12 @@ def test_transfer_time_follows_placement() -> None:
     t = timing_for_config(s, costs, CLUSTER, cfg)
     # mesh (pp, dp, tp): pipeline rank r is global rank 4r, so ranks 0-1 share node 0 and 1-2 cross nodes
     assert [cfg.rank_of(pp=r) for r in range(4)] == [0, 4, 8, 12]
-    intra = collective_time("p2p", costs[0].p2p_bytes, (0, 4), CLUSTER).time_s
-    inter = collective_time("p2p", costs[1].p2p_bytes, (4, 8), CLUSTER).time_s
+    # each transfer also re-assembles the tensor-parallel slices on arrival (Megatron's
+    # scatter/gather: an all-gather over the receiver's tp group, the same on every node)
+    gather = costs[0].p2p_gather_s
+    assert gather > 0 and costs[1].p2p_gather_s == gather
+    intra = collective_time("p2p", costs[0].p2p_bytes, (0, 4), CLUSTER).time_s + gather
+    inter = collective_time("p2p", costs[1].p2p_bytes, (4, 8), CLUSTER).time_s + gather
     assert t.p2p_s(0, 1, 0) == intra and t.p2p_s(1, 2, 1) == inter
     assert inter > intra
     # the reduction of chunk c spans its data-parallel group

@@ -271,6 +271,20 @@ class _Bundle:
     optimizer_bytes_per_param: int
     cp_comm: tuple[float, float] = (0.0, 0.0)  # ring time a layer's forward / backward adds (exposed)
     cp_buffer_bytes: int = 0
+    p2p_gather_s: float = 0.0  # re-assembling a received scattered activation (_p2p_split)
+
+
+def _p2p_split(cluster: ClusterSpec, tp: int, sp: bool) -> bool:
+    """Whether each tensor-parallel rank sends only its ``1/tp`` slice of the activation between
+    stages. With sequence parallelism the activation is already split along the sequence. Without
+    it, Megatron-LM's scatter/gather optimization (Narayanan et al. SC'21, sec. 4.1;
+    ``scatter_gather_tensors_in_pipeline``, on by default) splits the replicated activation across
+    the tensor-parallel ranks before the send and all-gathers it over the node's links after the
+    receive, and DeepSpeed's pipeline engine does the same (``PipelineEngine.is_pipe_partitioned``
+    is set whenever the model is tensor-parallel: ``PartitionedTensor`` slices, gathered on
+    arrival), so Megatron-DeepSpeed's runs split too. paratrain's own runtime (``tensor_parallel
+    == "dtensor"``) sends every rank's full copy (``runtime/pipeline.py``)."""
+    return tp > 1 and (sp or cluster.tensor_parallel == "megatron")
 
 
 def _ring_comm(
@@ -326,6 +340,10 @@ def _bundle(
     else:
         rec = rec_comm = 0.0
     e = dtype_bytes(dtype)
+    act = mb * model.seq * model.hidden * e
+    split = _p2p_split(cluster, tp, sp)
+    # the receiver all-gathers the slices of a replicated activation (or its gradient) back
+    gather = collective_s(cluster, ranks, "all_gather", act) if split and not sp else 0.0
     return _Bundle(
         layer=layer, embedding=_end_cost("embedding", model, device, dtype, tp, sp, mb, fused),
         head=_end_cost("head", model, device, dtype, tp, sp, mb, fused), comm=comm, recompute_layer_s=rec,
@@ -333,7 +351,7 @@ def _bundle(
         embedding_params=_embedding_params_per_rank(model, tp),
         head_params_shared=_head_params_per_rank(model, tp, shares_embedding_chunk=True),
         head_params_apart=_head_params_per_rank(model, tp, shares_embedding_chunk=False),
-        p2p_bytes=mb * model.seq * model.hidden * e // (tp if sp else 1), dtype_bytes=e,
+        p2p_bytes=act // (tp if split else 1), p2p_gather_s=gather, dtype_bytes=e,
         transient_bytes=activation_bytes_per_layer(
             model, microbatch=mb, tp=tp, sequence_parallel=sp, recompute=Recompute.NONE, dtype=dtype,
             attention=attention, fused=fused, gemm_dtype=gemm_dtype,
@@ -481,7 +499,8 @@ def chunk_costs(
             forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w, recompute_s=n * bd.recompute_layer_s,
             tp_comm_s=tp_comm, activation_bytes=act, weight_bytes=w, grad_bytes=g,
             optimizer_bytes=o, grad_reduce_bytes=grads,
-            p2p_bytes=bd.p2p_bytes, model_flops=flops, transient_bytes=bd.transient_bytes + gathered,
+            p2p_bytes=bd.p2p_bytes, p2p_gather_s=bd.p2p_gather_s, model_flops=flops,
+            transient_bytes=bd.transient_bytes + gathered,
             cp_comm_s=n * (cp_f + cp_b + cp_rec), fsdp_comm_s=fsdp_f + fsdp_b,
             forward_wait_s=n * (waits[0] + cp_f) + first * waits[2] + final * waits[4] + fsdp_f,
             backward_wait_s=n * (waits[1] + cp_b + wait_rec) + first * waits[3] + final * waits[5] + fsdp_b,

@@ -42,6 +42,10 @@ class ChunkCost:
     # a host's cores (paratrain.sim.sharing) these parts are not stretched.
     forward_wait_s: float = 0.0
     backward_wait_s: float = 0.0
+    # The all-gather over the tensor-parallel group that re-assembles an activation (or its
+    # gradient) received as 1/tp slices (Megatron's scatter/gather, cost.stage._p2p_split): part
+    # of each transfer between stages.
+    p2p_gather_s: float = 0.0
 
     @property
     def backward_s(self) -> float:

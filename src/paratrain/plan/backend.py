@@ -148,7 +148,7 @@ def pipeline_inputs(
         # The slowest neighbour pair sets the pace: a pair on two nodes whenever there is one.
         pairs = [(config.rank_of(pp=s), config.rank_of(pp=s + 1)) for s in range(min(p - 1, 2))]
         pairs.sort(key=lambda pr: cluster.node_of(pr[0]) == cluster.node_of(pr[1]))
-        p2p = _collective(backend, cluster, "p2p", chunks[0].p2p_bytes, pairs[0])
+        p2p = _collective(backend, cluster, "p2p", chunks[0].p2p_bytes, pairs[0]) + chunks[0].p2p_gather_s
         # The interleaved steady state receives from both neighbours in one batch: through the
         # GPU's one NIC when both are on other nodes (cost.link_sharing, as the simulator shares it).
         if all(cluster.node_of(a) != cluster.node_of(b) for a, b in pairs):

@@ -300,7 +300,8 @@ def timing_for_config(
         key = (src, dst, c)
         t = memo.get(key)
         if t is None:
-            t = memo[key] = collective_time("p2p", costs[c].p2p_bytes, (grank(src), grank(dst)), cluster).time_s
+            t = memo[key] = (collective_time("p2p", costs[c].p2p_bytes, (grank(src), grank(dst)), cluster).time_s
+                             + costs[c].p2p_gather_s)
         return t
 
     def p2p_link(r: int, peer: int) -> object:
