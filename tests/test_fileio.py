@@ -133,16 +133,53 @@ def test_check_output_path_rejects(tmp_path, make, needle):
     assert ei.value.field == "--plot" and needle in str(ei.value) and "fix:" in str(ei.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
-def test_check_output_path_rejects_read_only_directory(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
+def _as_nobody(check) -> str:
+    """``check()``'s ConfigError message (or "" if it passes), run with the uid and gid of
+    ``nobody``: root may write into any directory, so a read-only one holds only for another user.
+    A forked child, since the real uid (what ``os.access`` asks about) cannot be changed back."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                check()
+                msg = ""
+            except ConfigError as e:
+                msg = str(e)
+            os.write(write, msg.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        msg = fh.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return msg
+
+
+def test_check_output_path_rejects_read_only_directory():
+    # under /tmp, not tmp_path: nobody must be able to reach the directory (pytest's are 0700 for root)
+    import tempfile
+
+    ro = Path(tempfile.mkdtemp(prefix="paratrain-ro-"))
     ro.chmod(0o555)
     try:
-        with pytest.raises(ConfigError, match="not writable"):
-            check_output_path(ro / "x.png", "--plot")
+        if os.geteuid() == 0:
+            msg = _as_nobody(lambda: check_output_path(ro / "x.png", "--plot"))
+        else:
+            with pytest.raises(ConfigError) as e:
+                check_output_path(ro / "x.png", "--plot")
+            msg = str(e.value)
+        assert "--plot" in msg and "is not writable" in msg and str(ro) in msg, msg
     finally:
         ro.chmod(0o755)
+        ro.rmdir()
 
 
 def test_cli_killed_while_writing_keeps_the_old_file(tmp_path):
