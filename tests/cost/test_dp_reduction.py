@@ -59,6 +59,10 @@ def test_overlapped_compute_runs_slower_beside_a_collective() -> None:
     assert overlapped_s(0.010, 0.020) == 0.020
     assert overlapped_s(0.010, 0.004, slowdown=0.0) == pytest.approx(0.010)
     assert overlapped_s(0.010, 0.020, slowdown=0.0) == pytest.approx(0.020)
+    # As long as the collective: during its 10 ms the compute does 10/(1+s) ms of work, the rest
+    # runs alone after it (the collective alone would be the maximum, 10 ms).
+    assert overlapped_s(0.010, 0.010) == pytest.approx(0.010 + (0.010 - 0.010 / (1 + s)))
+    assert overlapped_s(0.010, 0.010) > 0.010
     # Continuous where the two meet: compute·(1+s) = comm.
     assert overlapped_s(0.010, 0.010 * (1 + s) * (1 - 1e-12)) == pytest.approx(0.010 * (1 + s))
 
