@@ -148,6 +148,22 @@ def test_three_units_by_hand() -> None:
     assert fsdp_phases_s(u, reshard_after_forward=False) == pytest.approx((5.5, 9.5))
 
 
+def test_each_unit_prefetches_the_next_ones_gather() -> None:
+    """Three different units (the examples above cannot tell the next unit from the previous: two
+    units, or three alike): 1 s forward, 2 s backward each; gathers 0.5, 3 and 1.5 s; reduce-scatters
+    0.7, 0.4 and 0.2 s.
+
+    Forward: gather u1 (0.5), u1 under u2's gather (max(1, 3) = 3), u2 under u3's (max(1, 1.5) = 1.5),
+    u3 (1): 6.
+    Backward, zero3: re-gather u3 (1.5), u3 under u2's re-gather (max(2, 3) = 3), u2 under u1's
+    re-gather and u3's reduce-scatter (max(2, 0.5 + 0.2) = 2), u1 under u2's reduce-scatter
+    (max(2, 0.4) = 2), u1's reduce-scatter (0.7): 9.2.
+    Backward, zero2: 2 + max(2, 0.2) + max(2, 0.4) + 0.7 = 6.7."""
+    u = [ShardedUnit(1.0, 2.0, 0.5, 0.7), ShardedUnit(1.0, 2.0, 3.0, 0.4), ShardedUnit(1.0, 2.0, 1.5, 0.2)]
+    assert fsdp_phases_s(u, reshard_after_forward=True) == pytest.approx((6.0, 9.2))
+    assert fsdp_phases_s(u, reshard_after_forward=False) == pytest.approx((6.0, 6.7))
+
+
 def test_levels_order_their_per_microbatch_time() -> None:
     """Over nodes (dp 16 on two DGX nodes): zero2 and zero3 gather alike in the forward; zero3
     gathers again in the backward; zero1 and none add nothing inside a micro-batch."""
