@@ -84,6 +84,24 @@ def test_powersgd_volume_follows_torchs_own_rule() -> None:
     assert powersgd_elements(shapes, rank=4) == want
 
 
+def test_powersgd_reduction_is_two_all_reduces_of_the_factors_and_its_passes() -> None:
+    """Ten 768×3072 fp32 gradient matrices over 8 GPUs, rank 4 (torch's hook): each matrix sends
+    P (768×4) and Q (3072×4), 15,360 elements, 153,600 in all, in two all-reduces (P, then Q; the
+    model splits the factors' elements evenly between the two). The hook streams the gradient 7
+    times: error feedback 2, M·Q and Mᵀ·P read M 2, P·Qᵀ writes it 1, the new error 2."""
+    from paratrain.cost.collectives import collective_time
+
+    cluster = resolve_cluster("dgx-a100", gpus=8)
+    ranks = tuple(range(8))
+    n = 10 * 768 * 3072
+    each = 153_600 // 2 * 4  # bytes of one all-reduce
+    all_reduce = collective_time("all_reduce", each, ranks, cluster).time_s
+    passes = 7 * n * 4 / (cluster.device.memory_bandwidth_Bps * cluster.device.memory_efficiency)
+    got = compressed_reduce_s("powersgd", 0.01, 4 * n, 4, ranks, cluster, matrix=(768, 3072))
+    assert got == pytest.approx(2 * all_reduce + passes, rel=1e-12)
+    assert compressed_reduce_s("powersgd", 0.01, 4 * n, 4, (0,), cluster, matrix=(768, 3072)) == 0.0
+
+
 def test_one_rank_costs_nothing() -> None:
     for m in ("none", "oktopk", "topka", "gtopk", "gaussiank", "powersgd"):
         assert volume_elements(m, 1000, 0.1, 1) == 0
