@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,20 @@ def test_full_wave_of_default_tiles_reaches_device_efficiency_times_k_term() -> 
     k = 8192
     eff = gemm_efficiency(tm * A100.sm_count, tn * 4, k, A100)
     assert abs(eff - A100.gemm_efficiency * k / (k + 2 * tk)) < 1e-12
+
+
+def test_half_a_wave_takes_the_tile_that_fills_the_sms() -> None:
+    """13,824 × 128 on the A100 (108 SMs, 256×128 tiles): 54 default tiles fill half a wave (0.5).
+    The candidates, wave fill × intensity relative to 256×128 (intensity tm·tn/(tm+tn), 85.3):
+    128×128: 108 tiles, one wave, × 64/85.3 = 0.75; 256×64: 108 tiles × 51.2/85.3 = 0.6;
+    128×64: 216 tiles, 2 waves, × 0.5; 64×64: 432, 4 waves, × 0.375; 64×32: 864, 8 waves, × 0.25.
+    The best is 128×128 at 0.75, times the K term k/(k + 2·tk) with k a multiple of tk."""
+    assert (A100.sm_count, A100.gemm_tile_m, A100.gemm_tile_n) == (108, 256, 128)
+    tk, k = A100.gemm_tile_k, 8192
+    assert k % tk == 0
+    eff, tm, tn = gemm_tile_choice(256 * 54, 128, k, A100)
+    assert (tm, tn) == (128, 128)
+    assert eff == pytest.approx(0.75 * k / (k + 2 * tk), rel=1e-12)
 
 
 def test_small_k_is_penalized() -> None:
