@@ -59,6 +59,9 @@ def test_dtensor_layer_collectives_follow_the_runtime_plan(model, sp: bool) -> N
         assert _counts(layer.forward) == {("all_gather", act): 2, ("reduce_scatter", act): row}
         assert _counts(layer.backward) == {("all_reduce", act): column, ("all_gather", act): row,
                                            ("all_reduce", model.hidden * e): norm_tensors}
+        # one dispatch for every module of the runtime's plan: the Linears, the two sequence-parallel
+        # norms and the two inputs gathered back (attention and MLP)
+        assert layer.modules == len(plan) == column + row + 4
     assert (column, row) == ((5, 2) if model is LLAMA else (4, 2))
 
 
