@@ -116,6 +116,11 @@ def test_one_group_rate_counts_the_other_computing_ranks() -> None:
     assert share.one_group_rate(0, [0]) == 1.0  # 2 of its processes on 2 cores
     assert share.one_group_rate(0, [0, 1]) == 0.5  # and rank 1's 2 beside them
     assert share.one_group_rate(1, [1]) == 1.0
+    # a rank over two nodes runs at its slowest node's rate: one of its 2 groups has 1 process on
+    # node 0 (free) and 1 on node 1 beside rank 1's 4: 2 cores for 5 processes there
+    spread = CoreSharing(cores=2, threads=1, placement=(((0, 2), (1, 2)), ((1, 4),)), groups=(2, 1))
+    assert spread.one_group_rate(0, [0, 1]) == pytest.approx(2 / 5)
+    assert spread.one_group_rate(0, [0]) == 1.0
     with pytest.raises(ConfigError, match="groups"):
         CoreSharing(cores=2, threads=1, placement=(((0, 4),),), groups=(0,))
 
