@@ -62,40 +62,40 @@ VTRAIN_A100_LINKS = Calibration(
 # and NIC bandwidths, host issue time per kernel; each source weighs the same). How well each source
 # is predicted by the others' fit: ``paratrain validate all --loso``.
 FITTED_A100 = Calibration(
-    gemm_efficiency=0.7364,
-    memory_efficiency=0.7745,
+    gemm_efficiency=0.7345,
+    memory_efficiency=0.7763,
     kernel_overhead_s=_A100.kernel_overhead_s,
-    intra_bandwidth_Bps=2.81116e11,
+    intra_bandwidth_Bps=2.51577e11,
     intra_latency_s=3e-06,
-    link_efficiency=0.9371,
-    host_issue_s=7.387e-05,
-    attention_efficiency=0.7728,
+    link_efficiency=0.8386,
+    host_issue_s=7.343e-05,
+    attention_efficiency=0.7915,
 )
 # SXM H100 80 GB (NeMo, Megatron-Bridge, MPT rows). The fit ends at the bounds of memory efficiency
 # (1.0) and link scale (1.5 × nominal NVLink/NIC): these sources run faster than the model allows at
 # the nominal figures (NVLink SHARP in-switch reductions are not modelled, nor Transformer Engine's
 # fused FP8 casts); read the H100 figures with that in mind.
 FITTED_H100 = Calibration(
-    gemm_efficiency=0.6861,
+    gemm_efficiency=0.6871,
     memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
     intra_bandwidth_Bps=6.75e11,
     intra_latency_s=3e-06,
     link_efficiency=1.5000,
     host_issue_s=1e-05,
-    attention_efficiency=0.4321,
+    attention_efficiency=0.4333,
 )
 # torchtitan's H100 96 GB HBM2e parts at 500 W (device preset h100-96gb-hbm2e): GEMM and attention
-# efficiencies are the SXM part's times a fitted clock factor, 0.8946 (crossval.TIED).
+# efficiencies are the SXM part's times a fitted clock factor, 0.8787 (crossval.TIED).
 FITTED_H100_HBM2E = Calibration(
-    gemm_efficiency=0.6138,
-    memory_efficiency=0.8740,
+    gemm_efficiency=0.6038,
+    memory_efficiency=0.9861,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=2.90777e11,
+    intra_bandwidth_Bps=2.97842e11,
     intra_latency_s=3e-06,
-    link_efficiency=0.6462,
+    link_efficiency=0.6619,
     host_issue_s=1e-05,
-    attention_efficiency=0.3866,
+    attention_efficiency=0.3807,
 )
 
 # What ``--calibration fitted`` applies, by device preset.
