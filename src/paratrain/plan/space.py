@@ -131,8 +131,12 @@ class Pins:
             object.__setattr__(self, "recompute", Recompute(self.recompute))
         if self.mesh_order is not None:
             object.__setattr__(self, "mesh_order", mesh_order_of(self.mesh_order))
-        if self.cp is not None:
-            require_positive_int("cp", self.cp)
+        # A pinned degree of 0 would divide the GPU count by zero in the search, a negative one
+        # would exclude every layout and be reported as if the GPU count were at fault.
+        for name in ("dp", "tp", "pp", "cp", "microbatch", "virtual_stages"):
+            value = getattr(self, name)
+            if value is not None:
+                require_positive_int(name, value)
         if (self.schedule is not None and self.schedule.is_async and self.sharding in FSDP_LEVELS
                 and (self.pp is None or self.pp > 1)):
             raise ConfigError("sharding", f"{self.sharding} is FSDP2, which does not run {self.schedule}'s weight "
