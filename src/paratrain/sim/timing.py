@@ -69,12 +69,23 @@ class Timing:
     p2p_link: Callable[[int, int], object] | None = None
 
 
+_MIN_UNIFORM_S, _MAX_UNIFORM_S = 1e-12, 1e12  # uniform durations: relative units or seconds
+
+
 def uniform_timing(schedule: Schedule, forward: float = 1.0, backward: float = 2.0) -> Timing:
     """Every chunk takes ``forward`` and ``backward`` (split in equal halves for ``I`` and ``W``);
     communication and optimizer steps are free: the setting of the schedule papers' figures."""
     if not 0 < forward < float("inf") or not 0 < backward < float("inf"):  # NaN fails too
         raise ConfigError(
             "--forward-time/--backward-time", f"must be positive and finite, got {forward} and {backward}",
+            "use e.g. 1 and 2",
+        )
+    # Finite is not enough: thousands of durations near the float maximum sum to inf, and a
+    # duration near the float minimum makes the timeline's scale (end / shortest) overflow.
+    if not all(_MIN_UNIFORM_S <= t <= _MAX_UNIFORM_S for t in (forward, backward)):
+        raise ConfigError(
+            "--forward-time/--backward-time",
+            f"must lie in [{_MIN_UNIFORM_S:g}, {_MAX_UNIFORM_S:g}], got {forward:g} and {backward:g}",
             "use e.g. 1 and 2",
         )
     n = schedule.num_chunks
