@@ -211,12 +211,18 @@ def characterize(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of the report.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from paratrain.fileio import check_output_path
+    from paratrain.fileio import check_distinct_paths, check_output_path
     from paratrain.sim.characterize import CommProfile, calls_from_rows, simulate_profile, step_time_from_metrics
     from paratrain.sim.characterize import characterize as make_profile
 
     if plot is not None:
         check_output_path(plot, "--plot")
+        check_distinct_paths({"--plot": plot}, {"--comm-log": comm_log, "--metrics": metrics, "--config": config,
+                                                "--model": model, "--cluster": cluster, "--device": device})
+    if layout:  # each --layout sets dp, tp and pp; a degree flag beside it would be ignored
+        for flag, value in (("--dp", dp), ("--tp", tp), ("--pp", pp)):
+            if value is not None:
+                raise ConfigError(flag, "is set by each --layout DPxTPxPP", f"drop {flag} or put it in --layout")
     simulated = model is not None or config is not None
     profiles: list[CommProfile] = []
     # both: the measured run beside the simulator's prediction of its layout, one table
