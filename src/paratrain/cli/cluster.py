@@ -96,12 +96,13 @@ def simulate(
     from paratrain.cluster.simulator import simulate_cluster
     from paratrain.cluster.trace import read_trace
     from paratrain.errors import require_positive
-    from paratrain.fileio import atomic_write_png, check_output_path
+    from paratrain.fileio import atomic_write_png, check_distinct_paths, check_output_path
     from paratrain.spec.hetero import parse_accelerators
 
     require_positive("--round-s", round_s)
     if plot is not None:
         check_output_path(plot, "--plot")
+        check_distinct_paths({"--plot": plot}, {"--jobs": jobs, "--throughputs": throughputs, "--prices": prices})
     cluster = parse_accelerators(accelerators)
     pol = get_policy(policy)
     table = _table(throughputs, predict, cluster)
@@ -267,9 +268,10 @@ def generate_trace_cmd(
 ) -> None:
     from paratrain.cluster.throughputs import read_throughputs
     from paratrain.cluster.trace import format_trace, generate_trace
-    from paratrain.fileio import atomic_write_text, check_output_path
+    from paratrain.fileio import atomic_write_text, check_distinct_paths, check_output_path
 
     check_output_path(out, "--out")
+    check_distinct_paths({"--out": out}, {"--throughputs": throughputs})
     table = read_throughputs(throughputs)
     jobs = generate_trace(table, num_jobs=num_jobs, rate_per_hour=rate, seed=seed, multi_gpu=multi_gpu,
                           multi_priority=multi_priority)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from paratrain.errors import ConfigError, require_positive_int
+from paratrain.errors import ConfigError, require_at_most, require_positive_int
+from paratrain.spec.cluster import MAX_DEVICES
 
 __all__ = ["AcceleratorPool", "HeteroClusterSpec", "parse_accelerators"]
 
@@ -49,6 +50,8 @@ class HeteroClusterSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError("accelerators", f"type {dup[0]!r} given twice", "give each type once")
+        # The scheduler keeps per-accelerator state: a count past any real cluster exhausts memory.
+        require_at_most("accelerators", sum(p.count for p in self.pools), MAX_DEVICES, "accelerators in all")
 
     @property
     def types(self) -> tuple[str, ...]:
