@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from paratrain.cli.options import JsonOpt, print_json, progress_bar
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, require_at_most
 from paratrain.fileio import atomic_write_text, check_distinct_paths, check_output_path
 from paratrain.spec.cluster_presets import cpu_cluster_calibration_path
 from paratrain.spec.device import DeviceSpec, cpu_calibration_path
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from paratrain.runtime.calibrate import Progress
 
 __all__ = ["register", "calibrate"]
+
+_MAX_PROCS = 64  # as comm tune's --nproc: local processes joined over loopback
+_MAX_THREADS = 1024  # beyond the cores of any one machine
 
 
 def register(app: typer.Typer) -> None:
@@ -170,9 +173,9 @@ def calibrate(
     out: Annotated[Path | None, typer.Option("--out", help="Write the device JSON here instead.")] = None,
     threads: Annotated[int | None, typer.Option(
         "--threads", help="Torch threads per process (default: torch's, i.e. OMP_NUM_THREADS or all cores).")] = None,
-    procs: Annotated[int, typer.Option(
+    procs: Annotated[int | None, typer.Option(
         "--procs", help="Processes measuring at once, joined by gloo over loopback (1: the device alone, "
-        "no link figures).")] = 2,
+        "no link figures; default 2).")] = None,
     from_trace: Annotated[list[Path] | None, typer.Option(
         "--from-trace", help="Measured pipeline runs (paratrain train --trace): fit the stored calibration's "
         "compute speed and duration variation to them instead of measuring anything. Repeatable.")] = None,
@@ -185,32 +188,39 @@ def calibrate(
     json_out: JsonOpt = False,
 ) -> None:
     if gpu is not None:
-        if from_trace or comm_table is not None or threads is not None:
-            raise ConfigError("--gpu", "measures the GPU alone", "drop --from-trace/--comm-table/--threads")
+        if from_trace or comm_table is not None or threads is not None or procs is not None:
+            raise ConfigError("--gpu", "measures the GPU alone", "drop --from-trace/--comm-table/--threads/--procs")
         _calibrate_gpu(gpu, out, json_out)
         return
     target = out if out is not None else cpu_calibration_path()
     if comm_table is not None:
-        if from_trace or threads is not None:
+        if from_trace or threads is not None or procs is not None:
             raise ConfigError("--comm-table", "measures nothing and fits only the link",
-                              "drop --from-trace/--threads, or run them separately")
+                              "drop --from-trace/--threads/--procs, or run them separately")
         links_out = target.parent / cpu_cluster_calibration_path().name
         check_output_path(links_out, "--out")
         check_distinct_paths({"--out": links_out}, {"--comm-table": comm_table})
         _fit_from_comm_table(links_out, comm_table, json_out)
         return
     if from_trace:
-        if threads is not None:
-            raise ConfigError("--threads", "measures nothing with --from-trace", "drop --threads or --from-trace")
+        for flag, value in (("--threads", threads), ("--procs", procs)):
+            if value is not None:
+                raise ConfigError(flag, "measures nothing with --from-trace", f"drop {flag} or --from-trace")
         check_output_path(target, "--out")
         check_distinct_paths({"--out": target}, {"--from-trace": from_trace})
         _fit_from_traces(target, from_trace, json_out)
         return
     links = target.parent / cpu_cluster_calibration_path().name
+    procs = 2 if procs is None else procs
     if threads is not None and threads < 1:
         raise ConfigError("--threads", f"must be at least 1, got {threads}", "use e.g. --threads 1")
     if procs < 1:
         raise ConfigError("--procs", f"must be at least 1, got {procs}", "use 2 (a pipeline of two stages) or 1")
+    # Unbounded, --procs 10**12 spawns processes until the machine stalls and a huge --threads
+    # overflows torch.set_num_threads.
+    require_at_most("--procs", procs, _MAX_PROCS, "processes measuring on one machine")
+    if threads is not None:
+        require_at_most("--threads", threads, _MAX_THREADS, "threads per process")
     # fail before measuring, not after
     check_output_path(target, "--out")
     if procs > 1:
