@@ -39,7 +39,7 @@ from paratrain.cli.options import (
     print_json,
     progress_bar,
 )
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, require_at_most
 
 __all__ = ["register", "tune", "characterize", "parse_bytes"]
 
@@ -50,6 +50,8 @@ comm_app = typer.Typer(help="Tune communication backends; characterize a run's c
 def register(app: typer.Typer) -> None:
     app.add_typer(comm_app, name="comm")
 
+
+_MAX_THREADS = 1024  # beyond the cores of any one machine
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30}
@@ -111,6 +113,9 @@ def tune(
     check_output_path(output, "--output")
     if threads < 1:
         raise ConfigError("--threads", f"must be at least 1, got {threads}", "use 1")
+    # torch.set_num_threads overflows in the workers past an int, and far below that the
+    # processes only oversubscribe the cores
+    require_at_most("--threads", threads, _MAX_THREADS, "threads per process")
     if sizes is not None:
         grid = tuple(parse_bytes("--sizes", s) for s in sizes.split(",") if s.strip())
         if not grid:

@@ -59,6 +59,7 @@ FULL_MAX_BYTES = 2**28  # 256 MiB: the issue's range; the largest gradient bucke
 # (a 256 MiB all-gather of 4 ranks allocates a GiB per rank), the quick range about 20 seconds.
 DEFAULT_MAX_BYTES = 2**22
 _SILENCE_S = 300.0  # seconds without a word from the workers before the parent gives up
+_MAX_WARMUP = 100
 _REPEAT_BUDGET_S = 0.5  # per point: big messages get fewer repeats (never fewer than 3)
 
 # Called with (points done, points in all, what is measured now).
@@ -275,9 +276,12 @@ def tune(
     for op in ops_t:
         if op not in OPS:
             raise ConfigError("--op", f"unknown operation {op!r}", f"use one of: {', '.join(OPS)}")
-    if warmup < 0 or repeats < 1:
-        raise ConfigError("--repeats", f"need warmup >= 0 and repeats >= 1, got {warmup} and {repeats}",
-                          "use e.g. --repeats 10")
+    if repeats < 1:
+        raise ConfigError("--repeats", f"must be at least 1, got {repeats}", "use e.g. --repeats 10")
+    # The time budget per point caps the timed repeats, not the warm-up: a huge --warmup would run
+    # that many calls at every size, backend and group before the first timing.
+    if not 0 <= warmup <= _MAX_WARMUP:
+        raise ConfigError("--warmup", f"must be in 0..{_MAX_WARMUP}, got {warmup}", "use e.g. --warmup 2")
     sizes_t = tuple(sorted(set(sizes))) if sizes else message_sizes()
     usable, skipped = available_backends(backends, procs)
 
