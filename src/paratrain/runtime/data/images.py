@@ -233,14 +233,20 @@ def _picture(label: int, classes: int, size: int, rng: np.random.Generator) -> n
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+_MAX_ITEMS = 1_000_000
+_MAX_IMAGE_SIZE = 4096
+
+
 def generate_images(out: str | os.PathLike[str], items: int, image_size: int = 64, *, classes: int = 10,
                     seed: int = 0, quality: int = 90) -> GeneratedSet:
     """Write ``items`` JPEGs of ``image_size`` x ``image_size`` into ``out`` (``class_XXX/NNNNNN.jpg``,
     item ``i`` of class ``i mod classes``). Refuses a directory that already holds files."""
-    if items < 1:
-        raise ConfigError("--items", f"must be at least 1, got {items}", "use e.g. --items 512")
-    if image_size < 8:
-        raise ConfigError("--image-size", f"must be at least 8, got {image_size}", "use e.g. --image-size 64")
+    # The upper bounds keep a typo from writing images until the disk is full.
+    if not 1 <= items <= _MAX_ITEMS:
+        raise ConfigError("--items", f"must be in 1..{_MAX_ITEMS:,}, got {items:,}", "use e.g. --items 512")
+    if not 8 <= image_size <= _MAX_IMAGE_SIZE:
+        raise ConfigError("--image-size", f"must be in 8..{_MAX_IMAGE_SIZE}, got {image_size:,}",
+                          "use e.g. --image-size 64")
     if classes < 1:
         raise ConfigError("--classes", f"must be at least 1, got {classes}", "use e.g. --classes 10")
     if not 1 <= quality <= 95:
@@ -249,6 +255,11 @@ def generate_images(out: str | os.PathLike[str], items: int, image_size: int = 6
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ConfigError("--out", f"{str(out)!r} exists and is not an empty directory",
                           "give a new or empty directory (nothing is overwritten)")
+    try:  # an unwritable place fails here, before the first picture
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("--out", f"cannot create directory {str(out)!r}: {e.strerror or e}",
+                          "choose a writable location") from None
     rng = np.random.default_rng(seed)
     total = 0
     for i in range(items):

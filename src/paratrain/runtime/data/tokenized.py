@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, require_at_most
 from paratrain.fileio import atomic_write_text, atomic_writer
-from paratrain.spec.model import Arch, ModelSpec
+from paratrain.spec.model import SHAPE_LIMITS, Arch, ModelSpec
 
 from .text import DataSource
 
@@ -187,6 +187,9 @@ def train_tokenizer(files: list[Path], vocab: int, out: str | os.PathLike[str]) 
     if vocab < 257:
         raise ConfigError("--vocab", f"must be at least 257 (256 bytes and the end-of-document token), got {vocab}",
                           "use e.g. --vocab 8000")
+    # Past a 32-bit size the tokenizers library aborts the whole process; no model vocabulary
+    # comes near the limit the model specs accept.
+    require_at_most("--vocab", vocab, SHAPE_LIMITS["vocab"], "far beyond any trained model")
     tk = _tokenizers()
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
