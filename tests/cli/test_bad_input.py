@@ -347,6 +347,25 @@ CASES = [
                                    "--accelerators", "v100=1000000000000"], "--accelerators"),
     ("cluster-accelerators-sum-huge", ["cluster", "solve", "--jobs", "gavel:max_min_fairness.trace",
                                        "--accelerators", "v100=600000,k80=600000"], "accelerators in all"),
+    # calibrate: counts past any machine, flags the other modes ignore (nothing is measured)
+    ("calibrate-procs-huge", ["calibrate", "--procs", BIG, "--out", "{tmp}/cal.json"], "--procs"),
+    ("calibrate-threads-huge", ["calibrate", "--procs", "1", "--threads", BIG, "--out", "{tmp}/cal.json"],
+     "--threads"),
+    ("calibrate-procs-with-gpu", ["calibrate", "--gpu", "h100", "--procs", "4"], "--procs"),
+    ("calibrate-procs-with-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--procs", "4"], "--procs"),
+    ("calibrate-procs-with-comm-table", ["calibrate", "--comm-table", "{file}", "--procs", "4"], "--procs"),
+    # comm tune: checked before any process starts
+    ("comm-tune-warmup-negative", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", "-1"], "--warmup"),
+    ("comm-tune-warmup-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", str(10**9)], "--warmup"),
+    ("comm-tune-threads-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--threads", BIG], "--threads"),
+    # data: sizes that would fill the disk or abort, an output that cannot be created
+    ("data-generate-items-huge", ["data", "generate", "--items", str(10**12), "--out", "{tmp}/img"], "--items"),
+    ("data-generate-image-size-huge", ["data", "generate", "--image-size", str(10**6), "--out", "{tmp}/img"],
+     "--image-size"),
+    ("data-generate-out-under-file", ["data", "generate", "--items", "1", "--out", "{file}/img"],
+     "cannot create directory"),
+    ("data-tokenizer-vocab-huge", ["data", "tokenizer", "--vocab", str(10**12), "{file}", "--out", "{tmp}/tok"],
+     "--vocab"),
     # gradient compression (issue 14)
     ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
     ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),
