@@ -226,6 +226,13 @@ CASES = [
     ("validate-lut-file", ["validate", "{tmp}/ok.csv", "--fit", "--lut", "{tmp}/ok.csv"], "--lut"),
     ("validate-lut-without-fit", ["validate", "{tmp}/ok.csv", "--lut", "{tmp}"], "--lut"),
     ("validate-plot-with-fit", ["validate", "{tmp}/ok.csv", "--fit", "--plot", "{tmp}/x.png"], "--plot"),
+    ("validate-sources-engine-unknown", ["validate", "public-runs", "--engine", "bogus"], "--engine: unknown"),
+    ("validate-sources-engine-sim", ["validate", "public-runs", "--engine", "sim"], "closed forms"),
+    ("validate-fit-engine-sim", ["validate", "{tmp}/ok.csv", "--fit", "--engine", "sim"], "closed forms"),
+    ("validate-sources-cluster", ["validate", "public-runs", "--cluster", "nope"], "--cluster"),
+    ("validate-evaluations-without-fit", ["validate", "{tmp}/ok.csv", "--evaluations", "5"], "--evaluations"),
+    ("validate-sources-evaluations-alone", ["validate", "all", "--evaluations", "5"], "--evaluations"),
+    ("validate-calibration-empty", ["validate", "{tmp}/ok.csv", "--calibration", ""], "--calibration"),
     # advise-shape
     ("advise-tp-zero", ["advise-shape", *M, "--tp", "0"], "tp"),
     ("advise-microbatch-zero", ["advise-shape", *M, "--microbatch", "0"], "microbatch"),

@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from paratrain.cli.options import ClusterOpt, JsonOpt, print_json, progress_bar
+from paratrain.cli.options import JsonOpt, print_json, progress_bar
 from paratrain.errors import ConfigError
 
 __all__ = ["register", "validate_command", "BUILTIN_DATA", "BUILTIN_LUTS"]
@@ -34,6 +34,7 @@ BUILTIN_DATA = {"vtrain-multi": "ground_truth_multi.csv", "vtrain-single": "grou
 BUILTIN_LUTS = {"vtrain-a100": "allreduce_lut/a100"}
 SOURCE_SETS = ("public-runs", "all")
 _VTRAIN_SINGLE_STRIDE = 8  # every 8th of the 1,440 single-node rows: 180, as many as the other sources' rows
+_DEFAULT_EVALUATIONS = 40
 _MAX_EVALUATIONS = 10_000  # each evaluation predicts every fitted run: hours past this
 _MAX_JOBS = 64
 
@@ -190,7 +191,9 @@ def validate_command(
             help="CSV of measured runs (vTrain format), or vtrain-multi / vtrain-single / public-runs / all."
         ),
     ],
-    cluster: ClusterOpt = "dgx-a100",
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="Cluster preset or file of a CSV's runs (default dgx-a100; public-runs / all: "
+        "each run's own).")] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -201,7 +204,9 @@ def validate_command(
     loso: Annotated[
         bool, typer.Option("--loso", help="public-runs / all: add leave-one-source-out cross validation.")
     ] = False,
-    engine: Annotated[str, typer.Option("--engine", help="sim (simulator) or analytic (closed forms).")] = "sim",
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="sim (simulator, default) or analytic (closed forms); --fit, public-runs and all "
+        "predict with the closed forms.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a scatter plot PNG.")] = None,
     rows: Annotated[int, typer.Option("--rows", help="Rows of the per-run table (largest errors first).")] = 15,
     fit_params: Annotated[bool, typer.Option("--fit", help="Fit the efficiency parameters to DATA instead.")] = False,
@@ -209,7 +214,8 @@ def validate_command(
         Path | None,
         typer.Option("--lut", help="With --fit: folder of nccl-tests all-reduce tables, or vtrain-a100."),
     ] = None,
-    evaluations: Annotated[int, typer.Option("--evaluations", help="With --fit: optimizer evaluations.")] = 40,
+    evaluations: Annotated[int | None, typer.Option(
+        "--evaluations", help="With --fit (or --loso): optimizer evaluations (default 40).")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", help="With --loso: folds run in this many processes "
                                              "(default: the CPUs, at most 8; the same figures).")] = None,
     json_out: JsonOpt = False,
@@ -223,13 +229,29 @@ def validate_command(
         raise ConfigError("--jobs", f"must be in 1..{_MAX_JOBS}, got {jobs}", "e.g. --jobs 2")
     if jobs is not None and not loso:
         raise ConfigError("--jobs", "sets the processes of --loso's folds", "add --loso or drop --jobs")
-    if str(data) in SOURCE_SETS:
-        _validate_sources(str(data), calibration or "fitted", loso, fit_params, plot, rows, evaluations, lut,
-                          json_out, jobs=jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+    sources = str(data) in SOURCE_SETS
+    # Flags the chosen mode does not use are refused rather than ignored: an unknown engine or
+    # cluster would otherwise pass unnoticed, and the printed figures would not be what was asked.
+    if engine is not None:
+        _predictor(engine)  # an unknown name is an error in every mode
+        if engine != "analytic" and (fit_params or sources):
+            raise ConfigError("--engine", f"{'--fit' if fit_params else data} predicts with the closed forms",
+                              "drop --engine (or use --engine analytic)")
+    if evaluations is not None and not (fit_params or loso):
+        raise ConfigError("--evaluations", "counts the evaluations of --fit and --loso", "add --fit or drop it")
+    evaluations = _DEFAULT_EVALUATIONS if evaluations is None else evaluations
+    if sources:
+        if cluster is not None:
+            raise ConfigError("--cluster", f"{data} predicts each run on its own cluster", "drop --cluster")
+        _validate_sources(str(data), "fitted" if calibration is None else calibration, loso, fit_params, plot,
+                          rows, evaluations, lut, json_out,
+                          jobs=jobs if jobs is not None else min(os.cpu_count() or 1, 8))
         return
     if loso:
         raise ConfigError("--loso", "needs several sources", f"use it with {' or '.join(SOURCE_SETS)}")
-    calibration = calibration or "vtrain-a100"
+    cluster = "dgx-a100" if cluster is None else cluster
+    engine = "sim" if engine is None else engine
+    calibration = "vtrain-a100" if calibration is None else calibration
     if calibration == "fitted":  # vTrain's runs are all on A100
         calibration = "fitted-a100"
     if rows < 0:
