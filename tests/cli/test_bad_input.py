@@ -337,6 +337,14 @@ CASES = [
                                          "{tmp}/calibration_preset.json"], "not a preset"),
     ("calibrate-threads-with-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--threads", "2"],
      "--threads"),
+    # an empty value is a malformed flag, not a request for the default
+    ("cost-dtype-empty", ["cost", *M, "--dtype", ""], "--dtype"),
+    ("cost-cluster-empty", ["cost", *M, "--cluster", ""], "--cluster"),
+    ("simulate-cluster-empty", [*SIM, "--cluster", ""], "--cluster"),
+    ("plan-tp-overlap-empty", [*PLAN, "--tp-overlap", ""], "--tp-overlap"),
+    ("train-model-empty", ["train", "--model", "", "--steps", "1"], "--model"),
+    ("cluster-predict-empty", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--predict", ""],
+     "--predict"),
     # comm characterize: the plot over an input, a degree beside --layout
     ("comm-plot-over-config", ["comm", "characterize", "--config", "{tmp}/run_ok.json", "--plot",
                                "{tmp}/run_ok.json"], "--config input"),

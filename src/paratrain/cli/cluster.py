@@ -50,7 +50,7 @@ def _table(throughputs: str, predict: str | None, cluster: object) -> object:
     from paratrain.cluster.throughputs import read_throughputs
 
     table = read_throughputs(throughputs)
-    if predict:
+    if predict is not None:  # an empty --predict is malformed, not absent
         from paratrain.cluster.predict import parse_predict, predicted_table
 
         devices = {p.name: p.device or p.name for p in cluster.pools}  # type: ignore[attr-defined]

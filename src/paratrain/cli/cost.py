@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
 def _cluster_for(device: DeviceSpec, cluster: str | None, tp: int) -> ClusterSpec:
     """The cluster whose links time the TP collectives: the given one, or the DGX node matching the
     device (NVLink 4 for Hopper, NVLink 3 otherwise), sized to hold the TP group, with ``device``."""
-    name = cluster or ("dgx-h100" if device.name.startswith(("h100", "h200")) else "dgx-a100")
+    # `is None`, not `or`: an empty --cluster is a malformed flag, not a request for the default
+    name = cluster if cluster is not None else ("dgx-h100" if device.name.startswith(("h100", "h200")) else "dgx-a100")
     spec = resolve_cluster(name, "--cluster")
     per_node = spec.devices_per_node
     nodes = max(spec.nodes, -(-tp // per_node))
@@ -86,7 +87,7 @@ def cost(
 ) -> None:
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
     dev = resolve_device(device, "--device")
-    dt = dtype or spec.dtype
+    dt = dtype if dtype is not None else spec.dtype  # an empty --dtype is unknown, not the default
     if dt not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
         raise ConfigError("--dtype", f"unknown dtype {dt!r}", "use one of: fp32, tf32, bf16, fp16, fp8")
     config = parallel_from_opts(

@@ -329,7 +329,7 @@ def plan_command(
         tp_across_nodes=tp_across_nodes,
         attention=attention,
         gemm_dtype=gemm_dtype,
-        tp_overlap=tp_overlap or "none",
+        tp_overlap="none" if tp_overlap is None else tp_overlap,  # an empty flag is unknown, not "none"
         compressions=_compressions(compress, density),
         compression_density=density if density is not None else 0.01,
     )

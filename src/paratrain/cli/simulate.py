@@ -92,7 +92,8 @@ def _resolve_cluster(
 
             base = dataclasses.replace(base, device=resolve_device(device, "--device"))
         return base.resized(nodes=nodes, gpus=gpus)
-    name = arg or (doc["cluster"] if isinstance(doc.get("cluster"), str) else "dgx-a100")
+    # `is None`, not `or`: an empty --cluster is a malformed flag, not a request for the default
+    name = arg if arg is not None else (doc["cluster"] if isinstance(doc.get("cluster"), str) else "dgx-a100")
     return resolve_cluster(name, "--cluster", nodes=nodes, gpus=gpus, device=device)
 
 

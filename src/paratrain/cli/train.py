@@ -248,7 +248,8 @@ def train(
         base = doc["parallel"]
         doc_model = doc.get("model")
     if model is not None or doc_model is None:
-        spec = resolve_model_opts(model or "gpt-tiny", layers, hidden, heads, kv_heads, ffn, seq, vocab)
+        spec = resolve_model_opts("gpt-tiny" if model is None else model, layers, hidden, heads, kv_heads, ffn, seq,
+                                  vocab)
     else:
         spec = _model_from_doc(doc_model).with_overrides(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab)
