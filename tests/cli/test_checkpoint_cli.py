@@ -54,6 +54,21 @@ def test_export_writes_the_final_weights_as_safetensors(trained: Path, run_cli) 
     assert code == 0 and json.loads(out)["step"] == 2
 
 
+@pytest.mark.parametrize("flag, target", [
+    ("--to", "step_00000004/__0_0.distcp"),  # a shard of the checkpoint itself
+    ("--to", "step_00000004/paratrain-checkpoint.json"),
+    ("--hf", "."),
+    ("--hf", "step_00000002"),
+])
+def test_export_refuses_a_target_inside_the_checkpoint_dir(trained: Path, run_cli, flag: str, target: str) -> None:
+    """An export into DIR would overwrite a checkpoint's files or mix foreign ones into it."""
+    ckpt = trained / "ckpt"
+    before = {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    code, _, err = run_cli("checkpoint", "export", str(ckpt), flag, str(ckpt / target))
+    assert_one_line_error(code, err, flag, "inside the checkpoint directory")
+    assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
+
+
 def test_inspect_bad_directories(tmp_path: Path, run_cli) -> None:
     code, _, err = run_cli("checkpoint", "inspect", str(tmp_path / "nope"))
     assert_one_line_error(code, err, "DIR", "does not exist")

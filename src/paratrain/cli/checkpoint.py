@@ -10,6 +10,7 @@ Examples::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -89,6 +90,13 @@ def export(
     if to is not None:
         check_output_path(to, "--to")
     _existing_dir(directory)
+    flag, out = ("--to", to) if to is not None else ("--hf", hf)
+    assert out is not None
+    # An export inside DIR would overwrite a checkpoint's own files (--to DIR/step_N/__0_0.distcp)
+    # or mix foreign files into the directory that --resume reads.
+    if Path(os.path.realpath(out)).is_relative_to(os.path.realpath(directory)):
+        raise ConfigError(flag, f"{str(out)!r} is inside the checkpoint directory {str(directory)!r}",
+                          "write the export outside it")
     info = choose(directory, step)
     path, n, size = export_safetensors(info, to) if to is not None else export_hf(info, hf)  # type: ignore[arg-type]
     if json_out:
