@@ -381,6 +381,13 @@ CASES = [
      "cannot create directory"),
     ("data-tokenizer-vocab-huge", ["data", "tokenizer", "--vocab", str(10**12), "{file}", "--out", "{tmp}/tok"],
      "--vocab"),
+    # train: outputs over inputs or over each other, refused before anything runs
+    ("train-trace-over-config", ["train", "--config", "{tmp}/run_ok.json", "--trace", "{tmp}/run_ok.json"],
+     "--config input"),
+    ("train-trace-metrics-same", ["train", "--trace", "{tmp}/x.json", "--metrics", "{tmp}/x.json"], "--metrics file"),
+    ("train-comm-log-over-data", ["train", "--data", "{file}", "--comm-log", "{file}"], "--data input"),
+    ("train-save-final-over-model", ["train", "--model", "{tmp}/mod_ok.json", "--save-final", "{tmp}/mod_ok.json"],
+     "--model input"),
     # gradient compression (issue 14)
     ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
     ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),

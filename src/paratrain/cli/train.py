@@ -239,8 +239,16 @@ def train(
                              rich_help_panel=_O)] = "paratrain",
     wandb_run: Annotated[str | None, typer.Option("--wandb-run", help="wandb run name.", rich_help_panel=_O)] = None,
 ) -> None:
+    from paratrain.fileio import check_distinct_paths
     from paratrain.parallel.config import load_run_document
 
+    # Each output replaces its file at the end of the run: on an input it destroys the input, and
+    # two outputs on one path leave only the last.
+    check_distinct_paths(
+        {"--metrics": None if metrics is None else metrics.replace("{rank}", "0"), "--trace": trace,
+         "--comm-log": comm_log, "--save-final": save_final},
+        {"--config": config, "--model": model, "--data": data, "--eval-data": eval_data, "--comm-table": comm_table},
+    )
     base = None
     doc_model = None
     if config is not None:
