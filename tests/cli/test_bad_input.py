@@ -381,6 +381,7 @@ CASES = [
      "cannot create directory"),
     ("data-tokenizer-vocab-huge", ["data", "tokenizer", "--vocab", str(10**12), "{file}", "--out", "{tmp}/tok"],
      "--vocab"),
+    ("data-whatif-plot-over-report", ["data", "whatif", "--from", "{file}", "--plot", "{file}"], "--from input"),
     # train: outputs over inputs or over each other, refused before anything runs
     ("train-trace-over-config", ["train", "--config", "{tmp}/run_ok.json", "--trace", "{tmp}/run_ok.json"],
      "--config input"),

@@ -158,11 +158,12 @@ def whatif(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of throughput vs cache size.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from paratrain.fileio import check_output_path
+    from paratrain.fileio import check_distinct_paths, check_output_path
     from paratrain.runtime.data.whatif import measured_from, plot_cache_sweep, predict
 
     if plot is not None:
         check_output_path(plot, "--plot")
+        check_distinct_paths({"--plot": plot}, {"--from": source})
     report = _load_report(source)
     m = measured_from(report)
     bw = None if bandwidth_mbs is None else bandwidth_mbs * 1e6
