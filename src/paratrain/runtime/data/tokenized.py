@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from paratrain.errors import ConfigError, require_at_most
-from paratrain.fileio import atomic_write_text, atomic_writer
+from paratrain.fileio import atomic_write_text, atomic_writer, check_output_path
 from paratrain.spec.model import SHAPE_LIMITS, Arch, ModelSpec
 
 from .text import DataSource
@@ -352,6 +352,8 @@ def prepare(files: list[Path], tokenizer: TokenizerInfo, out: str | os.PathLike[
             return Prepared(open_token_cache(d, field), True)
     elif d.exists() and (not d.is_dir() or any(not _ours(e.name) for e in d.iterdir())):
         raise ConfigError("--out", f"{d} exists and is not a token cache", "choose a new or empty directory")
+    # A path under a file (or otherwise unusable) is one error line, before the stale index goes.
+    check_output_path(d / "tokens.bin", "--out")
     (d / "index.json").unlink(missing_ok=True)  # stale: the tokens it describes are about to change
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     sources, total, documents = [], 0, 0
