@@ -173,6 +173,7 @@ CASES = [
     ("simulate-fp8-on-a100", [*SIM, "--gemm-dtype", "fp8"], "--gemm-dtype: a100-80gb has no FP8"),
     ("simulate-gemm-dtype-unknown", [*SIM, "--gemm-dtype", "fp4"], "--gemm-dtype: unknown GEMM dtype"),
     ("plan-fp8-on-a100", [*PLAN, "--gemm-dtype", "fp8"], "--gemm-dtype"),
+    ("plan-measured-on-cpu", [*PLAN, "-d", "cpu", "--calibration", "measured"], "no bf16 tensor cores"),
     ("calibrate-measured-missing", [*SIM, "--calibration", "measured"], "calibrate --gpu a100-80gb"),
     ("simulate-gpus-huge", ["simulate", *M, "--gpus", "1000000000"], "limit"),
     ("simulate-batch-huge", [*SIM[:-2], "--global-batch", "1000000000"], "limit"),

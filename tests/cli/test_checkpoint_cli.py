@@ -83,6 +83,14 @@ def test_export_of_a_missing_step(tmp_path: Path, run_cli) -> None:
     assert_one_line_error(code, err, "--step", "no checkpoint of step 3")
 
 
+def test_export_of_an_empty_dir_does_not_suggest_train_flags(tmp_path: Path, run_cli) -> None:
+    """The fix of an export names what export can do, not train's --resume."""
+    (tmp_path / "ck").mkdir()
+    code, _, err = run_cli("checkpoint", "export", str(tmp_path / "ck"), "--to", str(tmp_path / "m.safetensors"))
+    assert_one_line_error(code, err, "DIR", "is empty")
+    assert "--resume" not in err
+
+
 def _fill(d: Path) -> Path:
     d.mkdir()
     (d / "weights.bin").write_bytes(b"someone else's file")

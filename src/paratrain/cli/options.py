@@ -307,6 +307,10 @@ def apply_calibration(cluster: ClusterSpec, name: str | None) -> ClusterSpec:
 
         from paratrain.runtime.gpu_calibrate import load_measured
 
+        if cluster.device.peak_bf16_flops <= 0:  # calibrate --gpu measures tensor-core GPUs only
+            raise ConfigError("--calibration", f"measured applies to GPUs that `paratrain calibrate --gpu` measures; "
+                              f"{cluster.device.name} has no bf16 tensor cores",
+                              "use --calibration none, or the default (the device's fitted calibration)")
         measured = load_measured(cluster.device.name)
         fitted = FITTED_BY_DEVICE.get(cluster.device.name)
         base = cluster if fitted is None else with_calibration(cluster, fitted)

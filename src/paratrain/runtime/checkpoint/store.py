@@ -197,14 +197,16 @@ def resume_checkpoint(root: str | os.PathLike[str], field_: str = "--resume"
     skipped because they are incomplete or corrupt. ConfigError (naming ``field_``) when there is
     none to resume."""
     r = Path(root)
+    # Starting afresh is an alternative only for train --resume, not for a checkpoint export.
+    afresh = "drop --resume to start from step 0" if field_ == "--resume" else None
     if not r.exists():
         raise ConfigError(field_, f"checkpoint directory {str(r)!r} does not exist",
-                          "give the --checkpoint-dir of an earlier run, or drop --resume to start from step 0")
+                          "give the --checkpoint-dir of an earlier run" + (f", or {afresh}" if afresh else ""))
     if not r.is_dir():
         raise ConfigError(field_, f"{str(r)!r} is not a directory", "give the --checkpoint-dir of an earlier run")
     if not any(r.iterdir()):
         raise ConfigError(field_, f"checkpoint directory {str(r)!r} is empty",
-                          "drop --resume to start from step 0, or give the directory an earlier run wrote")
+                          "give the directory an earlier run wrote" + (f", or {afresh}" if afresh else ""))
     found = list_checkpoints(r)
     if not found:
         raise ConfigError(field_, f"{str(r)!r} holds no paratrain checkpoint ({_describe_dir(r)})",
@@ -213,7 +215,8 @@ def resume_checkpoint(root: str | os.PathLike[str], field_: str = "--resume"
     if not good:
         worst = found[-1]
         raise ConfigError(field_, f"no complete checkpoint in {str(r)!r}: newest {worst.path.name} is {worst.status} "
-                          f"({worst.problem})", "drop --resume to start from step 0; nothing was deleted")
+                          f"({worst.problem})", f"{afresh or 'give a directory with a complete checkpoint'}; "
+                          "nothing was deleted")
     chosen = good[-1]
     return chosen, [c for c in found if c.step > chosen.step]
 
