@@ -110,11 +110,11 @@ def simulate(
     book = None
     if prices is not None:
         book = read_prices(prices)
-        if clouds:
+        if clouds is not None:  # an empty --clouds names no cloud; it is not "all of them"
             book.clouds = tuple(c.strip() for c in clouds.split(","))
             if not book.usable():
                 raise ConfigError("--clouds", f"no prices for clouds {clouds!r}", "name clouds of the price file")
-    elif clouds:
+    elif clouds is not None:
         raise ConfigError("--clouds", "given without --prices", "add --prices FILE")
     elif "normalized_by_cost" in policy:
         raise ConfigError("--prices", f"policy {policy} needs prices", "pass --prices FILE (see generate-prices)")
