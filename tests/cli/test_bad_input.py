@@ -363,6 +363,13 @@ CASES = [
                                    "--accelerators", "v100=1000000000000"], "--accelerators"),
     ("cluster-accelerators-sum-huge", ["cluster", "solve", "--jobs", "gavel:max_min_fairness.trace",
                                        "--accelerators", "v100=600000,k80=600000"], "accelerators in all"),
+    ("cluster-clouds-empty", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--clouds", ""],
+     "--clouds"),
+    # a directory given for an input file is named as such, not as missing
+    ("cluster-jobs-directory", ["cluster", "simulate", "--jobs", "{tmp}"], "is a directory"),
+    ("comm-log-directory", ["comm", "characterize", "--comm-log", "{tmp}"], "is a directory"),
+    ("calibrate-comm-table-directory", ["calibrate", "--comm-table", "{tmp}", "--out", "{tmp}/cal.json"],
+     "is a directory"),
     # calibrate: counts past any machine, flags the other modes ignore (nothing is measured)
     ("calibrate-procs-huge", ["calibrate", "--procs", BIG, "--out", "{tmp}/cal.json"], "--procs"),
     ("calibrate-threads-huge", ["calibrate", "--procs", "1", "--threads", BIG, "--out", "{tmp}/cal.json"],

@@ -166,8 +166,9 @@ def _op_order(op: str) -> int:
 def _read_jsonl(path: Path, field: str) -> list[dict[str, Any]]:
     from paratrain.sim.characterize import parse_jsonl
 
-    if not path.is_file():
-        raise ConfigError(field, f"file {str(path)!r} does not exist", "give the file paratrain train wrote")
+    if not path.is_file():  # a directory exists but is no log: say which
+        problem = f"{str(path)!r} is a directory" if path.is_dir() else f"file {str(path)!r} does not exist"
+        raise ConfigError(field, problem, "give the file paratrain train wrote")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

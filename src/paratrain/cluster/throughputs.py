@@ -35,8 +35,9 @@ def resolve_data_path(path: str | Path, field_name: str) -> Path:
             raise ConfigError(field_name, f"no shipped file {text!r}", f"use one of {names}")
         return p
     p = Path(text)
-    if not p.is_file():
-        raise ConfigError(field_name, f"file {text!r} not found", "check the path")
+    if not p.is_file():  # a directory exists but is no data file: say which
+        raise ConfigError(field_name, f"{text!r} is a directory" if p.is_dir() else f"file {text!r} not found",
+                          "check the path")
     return p
 
 

@@ -306,8 +306,9 @@ def _check_bands(choices: Sequence[Choice], field_name: str) -> None:
 def load_table(path: str | Path, field_name: str = "--comm-table") -> TuningTable:
     """Read a tuning table written by ``paratrain comm tune``; ConfigError on a missing or malformed file."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(field_name, f"file {str(p)!r} does not exist", "give a table from paratrain comm tune")
+    if not p.is_file():  # a directory exists but is no table: say which
+        problem = f"{str(p)!r} is a directory" if p.is_dir() else f"file {str(p)!r} does not exist"
+        raise ConfigError(field_name, problem, "give a table from paratrain comm tune")
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
