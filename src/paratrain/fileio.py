@@ -20,7 +20,7 @@ from typing import IO, Any
 from paratrain.errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_png", "atomic_write_text", "atomic_writer",
-           "check_distinct_paths", "check_output_path", "json_lines"]
+           "check_distinct_paths", "check_not_special", "check_output_path", "json_lines"]
 
 
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
@@ -79,6 +79,22 @@ def _check_output_path(p: Path, field: str, make_parents: bool) -> Path:
     if p.exists() and not os.access(p, os.W_OK):
         raise ConfigError(field, f"{str(p)!r} is not writable", "choose another path or change its permissions")
     return p
+
+
+def check_not_special(path: str | os.PathLike[str], field: str, fix: str) -> None:
+    """A ConfigError if ``path`` exists but is neither a directory nor a regular file.
+
+    A device or a FIFO (``/dev/zero``, a named pipe) opens like a file, but reading it whole never
+    ends or never starts: the command would hang or exhaust memory. Missing paths and directories
+    are left to the caller, whose messages name them.
+    """
+    p = Path(path)
+    try:
+        special = p.exists() and not p.is_dir() and not p.is_file()
+    except OSError:
+        return  # unreadable: the caller's read reports it
+    if special:
+        raise ConfigError(field, f"{str(p)!r} is not a regular file", fix)
 
 
 def _same_file(a: Path, b: Path) -> bool:

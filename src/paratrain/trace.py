@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_text
+from paratrain.fileio import atomic_write_text, check_not_special
 from paratrain.schedule.ir import ActionKind
 
 __all__ = [
@@ -235,6 +235,7 @@ def events_from_chrome_trace(
 def read_trace(path: str | os.PathLike[str], field: str) -> tuple[list[TraceEvent], dict[str, Any]]:
     """Complete events and metadata of a Chrome trace file with at least one compute event; every
     problem (missing file, not JSON, malformed events) is one :class:`ConfigError` naming ``field``."""
+    check_not_special(path, field, "give the file written by --trace")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -370,6 +370,14 @@ CASES = [
     ("comm-log-directory", ["comm", "characterize", "--comm-log", "{tmp}"], "is a directory"),
     ("calibrate-comm-table-directory", ["calibrate", "--comm-table", "{tmp}", "--out", "{tmp}/cal.json"],
      "is a directory"),
+    # a device given as an input file: reading it whole would never end
+    ("compare-device-input", ["compare", "/dev/zero", "{tmp}/predicted.json"], "not a regular file"),
+    ("plot-device-input", ["plot", "/dev/zero", "--out", "{tmp}/c.png"], "not a regular file"),
+    ("data-whatif-device-input", ["data", "whatif", "--from", "/dev/zero"], "not a regular file"),
+    ("calibrate-trace-device-input", ["calibrate", "--from-trace", "/dev/zero", "--out", "{tmp}/calibration.json"],
+     "not a regular file"),
+    ("cluster-prices-device-input", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--prices",
+                                     "/dev/zero"], "not a regular file"),
     # calibrate: counts past any machine, flags the other modes ignore (nothing is measured)
     ("calibrate-procs-huge", ["calibrate", "--procs", BIG, "--out", "{tmp}/cal.json"], "--procs"),
     ("calibrate-threads-huge", ["calibrate", "--procs", "1", "--threads", BIG, "--out", "{tmp}/cal.json"],

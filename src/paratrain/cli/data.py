@@ -133,8 +133,10 @@ def analyze(
 
 
 def _load_report(path: Path) -> Any:
+    from paratrain.fileio import check_not_special
     from paratrain.runtime.data.analyzer import StallReport
 
+    check_not_special(path, "--from", "write it with `paratrain data analyze --json > FILE`")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         return StallReport.from_dict(doc)

@@ -28,6 +28,7 @@ from pathlib import Path
 from paratrain.cluster.throughputs import ThroughputTable
 from paratrain.cluster.trace import Job
 from paratrain.errors import ConfigError
+from paratrain.fileio import check_not_special
 
 __all__ = ["PriceSeries", "PriceBook", "read_prices", "format_prices", "synthetic_prices", "static_choice_costs",
            "dynamic_cost", "ON_DEMAND_PER_HOUR"]
@@ -83,6 +84,7 @@ class PriceBook:
 
 def read_prices(path: str | Path, field_name: str = "--prices") -> PriceBook:
     p = Path(path)
+    check_not_special(p, field_name, "give a price CSV (see paratrain cluster generate-prices)")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

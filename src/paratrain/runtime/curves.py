@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_png, json_lines
+from paratrain.fileio import atomic_write_png, check_not_special, json_lines
 
 __all__ = ["Curve", "read_curve", "summary", "plot_curves"]
 
@@ -31,6 +31,7 @@ class Curve:
 
 
 def _rows(path: Path, field: str) -> list[dict[str, Any]]:
+    check_not_special(path, field, "give a --metrics file written by paratrain train")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
