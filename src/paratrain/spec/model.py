@@ -362,7 +362,7 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             norm_eps=cfg.get("layer_norm_eps", 1e-12),
             dropout=_hf_dropout(cfg, "hidden_dropout_prob", "attention_probs_dropout_prob"),
             pad_token=_hf_pad(cfg.get("pad_token_id", 0), common["vocab"]),  # 0: BertConfig's default
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", True),
         )
     if mtype in ("gpt2", "gpt_neo", "openai-gpt"):
         npos = get("n_positions", "max_position_embeddings", default=1024)
@@ -374,7 +374,7 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             activation=_hf_activation(cfg.get("activation_function", "gelu_new")),
             norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             dropout=_hf_dropout(cfg, "resid_pdrop", "attn_pdrop", "embd_pdrop"),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", True),
         )
     # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
     act = str(cfg.get("hidden_act", "silu")).lower()
@@ -386,8 +386,8 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
         norm=Norm.RMSNORM if "rms_norm_eps" in cfg else Norm.LAYERNORM,
         activation=Activation.SWIGLU if act in ("silu", "swish", "swiglu") else _hf_activation(act),
         position=Position.ROTARY,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bias=bool(cfg.get("attention_bias", False) or cfg.get("mlp_bias", False)),
+        tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", False),
+        bias=_hf_bool(cfg, "attention_bias", False) or _hf_bool(cfg, "mlp_bias", False),
         norm_eps=cfg.get("rms_norm_eps", cfg.get("layer_norm_eps")),
         pad_token=_hf_pad(cfg.get("pad_token_id"), common["vocab"]),
         dropout=_hf_dropout(cfg, "attention_dropout", "hidden_dropout", "resid_pdrop"),
@@ -407,6 +407,16 @@ def _hf_pad(pad: Any, vocab: Any) -> int | None:
     """``pad_token_id`` when it names a row of the embedding (some configs write -1 for none)."""
     ok = isinstance(pad, int) and not isinstance(pad, bool) and isinstance(vocab, int) and 0 <= pad < vocab
     return pad if ok else None
+
+
+def _hf_bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """A HF flag: true, false or absent/null (``default``). ``bool()`` would read the string
+    "false" as true and silently change the model's parameter count."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    require_bool(key, value)
+    return bool(value)
 
 
 def _hf_activation(name: Any) -> Activation:
