@@ -412,6 +412,7 @@ CASES = [
     ("train-comm-log-over-data", ["train", "--data", "{file}", "--comm-log", "{file}"], "--data input"),
     ("train-save-final-over-model", ["train", "--model", "{tmp}/mod_ok.json", "--save-final", "{tmp}/mod_ok.json"],
      "--model input"),
+    ("train-loader-workers-huge", ["train", "--task", "image", "--loader-workers", str(10**6)], "--loader-workers"),
     # gradient compression (issue 14)
     ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
     ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),

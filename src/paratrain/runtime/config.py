@@ -24,6 +24,7 @@ TASKS = ("gpt", "image")  # image: the CNN on an image folder (runtime/data/imag
 INITS = ("random", "pretrained")  # pretrained: a HF model directory's weights (runtime/models/hf.py)
 OPTIMIZERS = ("adamw", "kfac", "sgd")  # kfac: runtime/kfac.py (K-FAC preconditioning, SGD with momentum)
 DEFAULT_EVAL_BATCHES = 4  # global batches per evaluation when --eval-batches is not given
+MAX_LOADER_WORKERS = 64  # DataLoader worker processes per training process
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,9 @@ class TrainConfig:
         require_positive("min_lr_ratio", self.min_lr_ratio, allow_zero=True)
         if self.task not in TASKS:
             raise ConfigError("--task", f"unknown value {self.task!r}", f"use one of: {', '.join(TASKS)}")
-        if self.loader_workers < 0:
-            raise ConfigError("--loader-workers", f"must be at least 0, got {self.loader_workers}",
+        # Each worker is a process per training rank: an absurd count would fork until the machine stalls.
+        if not 0 <= self.loader_workers <= MAX_LOADER_WORKERS:
+            raise ConfigError("--loader-workers", f"must be in 0..{MAX_LOADER_WORKERS}, got {self.loader_workers}",
                               "use e.g. --loader-workers 2 (0: load in the training process)")
         self._check_checkpointing()
         self._check_optimizer()
