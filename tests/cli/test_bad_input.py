@@ -413,6 +413,9 @@ CASES = [
     ("train-save-final-over-model", ["train", "--model", "{tmp}/mod_ok.json", "--save-final", "{tmp}/mod_ok.json"],
      "--model input"),
     ("train-loader-workers-huge", ["train", "--task", "image", "--loader-workers", str(10**6)], "--loader-workers"),
+    # a micro-batch whose activations alone exceed any host (gpt-tiny: ~264 GB at 10^6 x 64 tokens)
+    ("train-microbatch-huge", ["train", "--steps", "1", "--microbatch", str(10**6), "--global-batch", str(10**6)],
+     "--seq/--microbatch"),
     # gradient compression (issue 14)
     ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
     ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),

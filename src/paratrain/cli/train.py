@@ -324,7 +324,7 @@ def train(
     if pcfg.pp > 1:
         check_rules(pcfg.schedule, stages=pcfg.pp, microbatches=pcfg.num_microbatches,
                     virtual_stages=pcfg.virtual_stages)
-    check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    check_host_memory(spec, nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1")), pcfg)
     if not launching:  # launch checks it for the workers it starts
         from paratrain.runtime.mesh import runtime_device
 

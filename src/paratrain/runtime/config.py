@@ -414,10 +414,13 @@ def _available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
-    """Reject a model this machine cannot hold before any process allocates it: every process
+def check_host_memory(spec: ModelSpec, procs_on_host: int, config: ParallelConfig | None = None) -> None:
+    """Reject a run this machine cannot hold before any process allocates it: every process
     builds the full fp32 model (4 bytes a parameter) before keeping its share, and the ranks
-    together hold fp32 gradients and AdamW's two moments (12 bytes a parameter)."""
+    together hold fp32 gradients and AdamW's two moments (12 bytes a parameter). With the run's
+    ``config``, each process also holds at least one micro-batch's activations of its stage's
+    layers (the cost model's per-layer bytes with fused attention, the smallest of its kinds): a
+    sequence or micro-batch far beyond the machine is refused here rather than swapping."""
     params = spec.param_count()
     need = params * (4 * procs_on_host + 12)
     limit = _available_memory_bytes()
@@ -427,6 +430,20 @@ def check_host_memory(spec: ModelSpec, procs_on_host: int) -> None:
             f"vocab {spec.vocab}): ~{need / 1e9:,.1f} GB of weights, gradients and AdamW state on this machine "
             f"({procs_on_host} process(es)), more than the {limit / 1e9:,.1f} GB of memory available",
             "use smaller --layers, --hidden or --vocab, or fewer processes per machine")
+    if config is None:
+        return
+    from paratrain.cost.memory import activation_bytes_per_layer
+
+    layers = -(-spec.layers // config.pp)
+    acts = layers * activation_bytes_per_layer(
+        spec, microbatch=config.microbatch, tp=config.tp, sequence_parallel=config.sequence_parallel,
+        recompute=config.recompute, dtype=config.dtype, attention="flash")
+    if need + procs_on_host * acts > limit:
+        raise ConfigError(
+            "--seq/--microbatch", f"one micro-batch of {config.microbatch} x {spec.seq} tokens holds "
+            f"~{acts / 1e9:,.1f} GB of activations per process ({layers} layer(s)); with the model's "
+            f"{need / 1e9:,.1f} GB, {procs_on_host} process(es) need more than the {limit / 1e9:,.1f} GB of "
+            "memory available", "use a smaller --microbatch or --seq")
 
 
 def check_context_parallel(config: ParallelConfig, train: TrainConfig) -> None:

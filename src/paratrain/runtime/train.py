@@ -101,7 +101,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     check_compression(config, train)
     check_kfac(config, train)
     check_checkpointing(config, train)
-    check_host_memory(spec, procs_on_host)
+    check_host_memory(spec, procs_on_host, config)
     check_task(config, train)
     check_eval(config, train)
     check_sinks(train)
