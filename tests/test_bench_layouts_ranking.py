@@ -6,14 +6,9 @@ every step of the other; these cases are worked out by hand.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from tests.scripts import load_script
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "bench_layouts.py"
-_SPEC = importlib.util.spec_from_file_location("bench_layouts", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_script("bench/bench_layouts.py", "bench_layouts")
 
 
 def test_overlapping_step_ranges_are_not_ordered() -> None:

@@ -3,16 +3,11 @@ step by least squares; the cases are worked out by hand."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "bench_megascale.py"
-_SPEC = importlib.util.spec_from_file_location("bench_megascale", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+from tests.scripts import load_script
+
+bench = load_script("bench/bench_megascale.py", "bench_megascale")
 
 
 def test_points_on_a_line_give_its_slope_and_intercept() -> None:

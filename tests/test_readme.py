@@ -5,23 +5,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _regen():
-    spec = importlib.util.spec_from_file_location("paratrain_docs_regen", ROOT / "docs" / "regen.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("docs/regen.py", "paratrain_docs_regen")
 
 
 def test_a_stale_block_is_detected_and_rewritten(tmp_path: Path) -> None:
