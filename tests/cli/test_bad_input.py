@@ -197,6 +197,10 @@ CASES = [
     ("simulate-trace-under-file", [*SIM, "--trace", "{file}/x.json"], "--trace"),
     ("simulate-config-directory", ["simulate", "--config", "{tmp}"], "is a directory"),
     ("simulate-cluster-nan", [*SIM, "--cluster", "{tmp}/clu_nan.json"], "bandwidth_Bps"),
+    ("simulate-attention-unknown", [*SIM, "--attention", "sdpa"], "--attention: unknown attention"),
+    # an upper-case choice is read as the lower-case one, as --schedule's and --recompute's are
+    ("simulate-attention-upper-math-cp", [*SIM[:-2], "--global-batch", "4", "--dp", "1", "--cp", "2",
+                                          "--attention", "MATH"], "--cp"),
     # plan
     ("plan-memory-limit-nan", [*PLAN, "--memory-limit", "nan"], "--memory-limit"),
     ("plan-memory-limit-inf", [*PLAN, "--memory-limit", "inf"], "--memory-limit"),
@@ -595,3 +599,16 @@ def test_simulate_says_when_a_layout_does_not_fit(capsys):
     code, out, err, _ = _run(capsys, [*SIM, "--json"])
     assert code == 0, err
     assert json.loads(out)["fits_in_memory"] is True
+
+
+@pytest.mark.parametrize("command", [SIM, PLAN, ["cost", *M]], ids=["simulate", "plan", "cost"])
+def test_attention_choice_is_case_insensitive(capsys, command):
+    """--attention reads MATH as math, as --schedule, --recompute and --sharding ignore case."""
+    outs = []
+    for value in ("math", "MATH"):
+        code, out, err, _ = _run(capsys, [*command, "--attention", value, "--json"])
+        assert code == 0, err
+        doc = json.loads(out)
+        doc.pop("search_time_s", None)  # plan's wall time
+        outs.append(doc)
+    assert outs[0] == outs[1]

@@ -103,13 +103,19 @@ def test_the_device_default() -> None:
     assert default == flash
 
 
-@pytest.mark.parametrize("bad", ["fast", "FLASH", ""])
+@pytest.mark.parametrize("bad", ["fast", "FLASHY", ""])
 def test_unknown_attention_is_a_config_error(bad: str) -> None:
     with pytest.raises(ConfigError) as e:
         ParallelConfig(attention=bad)
     assert e.value.field == "attention"
     with pytest.raises(ConfigError):
         resolve_attention(bad, A100)
+
+
+def test_attention_ignores_case_like_the_other_choices() -> None:
+    """A run document's or flag's FLASH is flash, as its schedule and recompute ignore case."""
+    assert ParallelConfig(attention="FLASH").attention == "flash"
+    assert ParallelConfig(attention="Math", schedule="GPIPE", recompute="Full").attention == "math"
 
 
 @pytest.mark.parametrize(

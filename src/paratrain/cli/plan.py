@@ -327,7 +327,7 @@ def plan_command(
         partition=parse_ints("--partition", partition),
         schedules=_schedules(schedules) or DEFAULT_SCHEDULES,
         tp_across_nodes=tp_across_nodes,
-        attention=attention,
+        attention=None if attention is None else attention.lower(),  # case as --schedule and --recompute
         gemm_dtype=gemm_dtype,
         tp_overlap="none" if tp_overlap is None else tp_overlap,  # an empty flag is unknown, not "none"
         compressions=_compressions(compress, density),

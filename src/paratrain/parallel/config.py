@@ -203,6 +203,9 @@ class ParallelConfig:
                 f"{self.degrees_text} = {self.world_size:,} devices exceed the limit of {MAX_WORLD_SIZE:,}",
                 "use fewer devices",
             )
+        if isinstance(self.attention, str):
+            # Case-insensitive, as schedule, recompute and sharding are (parse_enum, sharding_level).
+            object.__setattr__(self, "attention", self.attention.lower())
         if self.cp > 1 and self.attention == "math":
             raise ConfigError("cp", f"context parallelism (cp {self.cp}) runs ring attention on fused attention "
                               "kernels, not on explicit s×s ones", "use --attention flash or --cp 1")
