@@ -20,7 +20,7 @@ from typing import IO, Any
 from paratrain.errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_png", "atomic_write_text", "atomic_writer",
-           "check_distinct_paths", "check_not_special", "check_output_path", "json_lines"]
+           "check_distinct_paths", "check_not_special", "check_output_dir", "check_output_path", "json_lines"]
 
 
 def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents: bool = False) -> Path:
@@ -45,6 +45,14 @@ def check_output_path(path: str | os.PathLike[str], field: str, *, make_parents:
 
 
 _NAME_MAX = 255  # bytes per path component on Linux, macOS and Windows file systems
+
+
+def check_output_dir(path: str | os.PathLike[str], field: str) -> Path:
+    """``path`` as a :class:`Path` for a directory to write into, or a ConfigError if it is empty:
+    ``Path("")`` is the current directory, so an empty flag would scatter the files there."""
+    if str(path) == "":
+        raise ConfigError(field, "empty output directory", f"give {field} a directory name")
+    return Path(path)
 
 
 def _check_output_path(p: Path, field: str, make_parents: bool) -> Path:

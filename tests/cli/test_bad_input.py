@@ -408,6 +408,9 @@ CASES = [
      "cannot create directory"),
     ("data-tokenizer-vocab-huge", ["data", "tokenizer", "--vocab", str(10**12), "{file}", "--out", "{tmp}/tok"],
      "--vocab"),
+    # an empty --out is no directory (Path("") is the current one)
+    ("data-tokenizer-out-empty", ["data", "tokenizer", "{file}", "--out", ""], "--out: empty output directory"),
+    ("data-generate-out-empty", ["data", "generate", "--items", "1", "--out", ""], "--out: empty output directory"),
     ("data-whatif-plot-over-report", ["data", "whatif", "--from", "{file}", "--plot", "{file}"], "--from input"),
     # train: outputs over inputs or over each other, refused before anything runs
     ("train-trace-over-config", ["train", "--config", "{tmp}/run_ok.json", "--trace", "{tmp}/run_ok.json"],
@@ -474,6 +477,8 @@ def scratch(tmp_path, monkeypatch) -> Path:
         (tmp_path / name).write_text(make(tmp_path), encoding="utf-8")
     # No calibration of this machine leaks into the cases.
     monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path / "cache"))
+    # A relative path a command writes by mistake lands here, where the check below sees it.
+    monkeypatch.chdir(tmp_path)
     return tmp_path
 
 

@@ -44,7 +44,8 @@ def _console() -> Console:
 def generate(
     items: Annotated[int, typer.Option("--items", help="Number of images.")] = 512,
     image_size: Annotated[int, typer.Option("--image-size", help="Width and height in pixels.")] = 64,
-    out: Annotated[Path, typer.Option("--out", help="New or empty directory to write into.")] = Path("images"),
+    # str, not Path: typer would turn an empty --out into ".", the current directory
+    out: Annotated[str, typer.Option("--out", help="New or empty directory to write into.")] = "images",
     classes: Annotated[int, typer.Option("--classes", help="Classes (sub-directories).")] = 10,
     quality: Annotated[int, typer.Option("--quality", help="JPEG quality (1-95).")] = 90,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the pictures.")] = 0,
@@ -205,7 +206,7 @@ def tokenizer(
     more: Annotated[list[str] | None, typer.Argument(help="More files or directories to train on.",
                                                      metavar="FILES", show_default=False)] = None,
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size (256 bytes, <|endoftext|>, merges).")] = 8000,
-    out: Annotated[Path, typer.Option("--out", help="Directory to write tokenizer.json into.")] = Path("tokenizer"),
+    out: Annotated[str, typer.Option("--out", help="Directory to write tokenizer.json into.")] = "tokenizer",
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.runtime.data.tokenized import find_documents, train_tokenizer
@@ -226,7 +227,7 @@ def prepare(
                                                metavar="FILES", show_default=False)],
     tokenizer_dir: Annotated[str, typer.Option("--tokenizer", help="Directory with a tokenizer.json (a Hugging "
                              "Face model directory, or `paratrain data tokenizer --out`).")],
-    out: Annotated[Path, typer.Option("--out", help="Cache directory (new, empty, or an earlier cache).")],
+    out: Annotated[str, typer.Option("--out", help="Cache directory (new, empty, or an earlier cache).")],
     json_out: JsonOpt = False,
 ) -> None:
     from paratrain.runtime.data.tokenized import find_documents, load_tokenizer

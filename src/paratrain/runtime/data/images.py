@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from paratrain.errors import ConfigError
-from paratrain.fileio import atomic_write_bytes
+from paratrain.fileio import atomic_write_bytes, check_output_dir
 
 from .transforms import eval_transform, train_transform
 
@@ -251,7 +251,7 @@ def generate_images(out: str | os.PathLike[str], items: int, image_size: int = 6
         raise ConfigError("--classes", f"must be at least 1, got {classes}", "use e.g. --classes 10")
     if not 1 <= quality <= 95:
         raise ConfigError("--quality", f"must be in 1..95, got {quality}", "use e.g. --quality 90")
-    root = Path(out)
+    root = check_output_dir(out, "--out")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ConfigError("--out", f"{str(out)!r} exists and is not an empty directory",
                           "give a new or empty directory (nothing is overwritten)")

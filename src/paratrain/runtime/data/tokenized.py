@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from paratrain.errors import ConfigError, require_at_most
-from paratrain.fileio import atomic_write_text, atomic_writer, check_output_path
+from paratrain.fileio import atomic_write_text, atomic_writer, check_output_dir, check_output_path
 from paratrain.spec.model import SHAPE_LIMITS, Arch, ModelSpec
 
 from .text import DataSource
@@ -190,6 +190,7 @@ def train_tokenizer(files: list[Path], vocab: int, out: str | os.PathLike[str]) 
     # Past a 32-bit size the tokenizers library aborts the whole process; no model vocabulary
     # comes near the limit the model specs accept.
     require_at_most("--vocab", vocab, SHAPE_LIMITS["vocab"], "far beyond any trained model")
+    d = check_output_dir(out, "--out")  # before the training, which takes a while
     tk = _tokenizers()
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -207,7 +208,6 @@ def train_tokenizer(files: list[Path], vocab: int, out: str | os.PathLike[str]) 
     tok.train_from_iterator(documents(), trainer=trainer)
     if docs[0] == 0:
         raise ConfigError("--train", "the files hold no text", "give non-empty .txt, .jsonl or .parquet files")
-    d = Path(out)
     atomic_write_text(d / "tokenizer.json", tok.to_str(), "--out")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
               "unk_token": EOS_TOKEN}
@@ -342,7 +342,7 @@ class Prepared:
 def prepare(files: list[Path], tokenizer: TokenizerInfo, out: str | os.PathLike[str],
             field: str = "--data") -> Prepared:
     """Tokenize ``files`` into the cache directory ``out`` unless it already holds them."""
-    d = Path(out)
+    d = check_output_dir(out, "--out")
     if is_token_cache(d):
         try:
             index = json.loads((d / "index.json").read_text(encoding="utf-8"))
