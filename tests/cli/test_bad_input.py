@@ -389,6 +389,19 @@ CASES = [
      "not a regular file"),
     ("cluster-prices-device-input", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--prices",
                                      "/dev/zero"], "not a regular file"),
+    ("cost-model-device-input", ["cost", "--model", "/dev/zero"], "--model: '/dev/zero' is not a regular file"),
+    ("cost-device-device-input", ["cost", *M, "--device", "/dev/zero"], "--device: '/dev/zero' is not a regular"),
+    ("cost-cluster-device-input", ["cost", *M, "--cluster", "/dev/zero"], "--cluster: '/dev/zero' is not a regular"),
+    ("simulate-config-device-input", ["simulate", "--config", "/dev/zero"], "--config: '/dev/zero' is not a regular"),
+    ("plan-model-device-input", ["plan", "--model", "/dev/zero", "--gpus", "8", "-b", "8"], "not a regular file"),
+    ("schedule-file-device-input", ["schedule", "show", "-f", "/dev/zero"], "--file: '/dev/zero' is not a regular"),
+    ("validate-device-input", ["validate", "/dev/zero"], "DATA: '/dev/zero' is not a regular file"),
+    ("cluster-jobs-device-input", ["cluster", "simulate", "--jobs", "/dev/zero"], "--jobs: '/dev/zero' is not a"),
+    ("comm-log-device-input", ["comm", "characterize", "--comm-log", "/dev/zero"], "not a regular file"),
+    ("calibrate-comm-table-device-input", ["calibrate", "--comm-table", "/dev/zero", "--out", "{tmp}/cal.json"],
+     "--comm-table: '/dev/zero' is not a regular file"),
+    ("data-tokenizer-device-input", ["data", "tokenizer", "/dev/zero", "--out", "{tmp}/tok"],
+     "'/dev/zero' is not a regular file"),
     # calibrate: counts past any machine, flags the other modes ignore (nothing is measured)
     ("calibrate-procs-huge", ["calibrate", "--procs", BIG, "--out", "{tmp}/cal.json"], "--procs"),
     ("calibrate-threads-huge", ["calibrate", "--procs", "1", "--threads", BIG, "--out", "{tmp}/cal.json"],
@@ -617,3 +630,22 @@ def test_attention_choice_is_case_insensitive(capsys, command):
         doc.pop("search_time_s", None)  # plan's wall time
         outs.append(doc)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["cost", "--model", "{fifo}"],
+    ["simulate", "--config", "{fifo}"],
+    ["validate", "{fifo}"],
+    ["train", "--config", "{fifo}", "--steps", "1"],
+], ids=["cost-model", "simulate-config", "validate", "train-config"])
+def test_fifo_input_is_not_a_regular_file(capsys, tmp_path, argv):
+    """A named pipe given as an input file is named as what it is, not as missing; nothing opens it
+    (an open for reading would wait for a writer forever)."""
+    import os
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    code, _, err, elapsed = _run(capsys, [a.replace("{fifo}", str(fifo)) for a in argv])
+    assert code == 2, err
+    assert err.strip().splitlines() == [err.strip()] and f"'{fifo}' is not a regular file" in err, err
+    assert elapsed < 5.0

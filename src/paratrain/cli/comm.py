@@ -40,6 +40,7 @@ from paratrain.cli.options import (
     progress_bar,
 )
 from paratrain.errors import ConfigError, require_at_most
+from paratrain.fileio import check_not_special
 
 __all__ = ["register", "tune", "characterize", "parse_bytes"]
 
@@ -166,6 +167,7 @@ def _op_order(op: str) -> int:
 def _read_jsonl(path: Path, field: str) -> list[dict[str, Any]]:
     from paratrain.sim.characterize import parse_jsonl
 
+    check_not_special(path, field, "give the file paratrain train wrote")
     if not path.is_file():  # a directory exists but is no log: say which
         problem = f"{str(path)!r} is a directory" if path.is_dir() else f"file {str(path)!r} does not exist"
         raise ConfigError(field, problem, "give the file paratrain train wrote")

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from paratrain.cli.options import JsonOpt, print_json, progress_bar
 from paratrain.errors import ConfigError
+from paratrain.fileio import check_not_special
 
 __all__ = ["register", "validate_command", "BUILTIN_DATA", "BUILTIN_LUTS"]
 
@@ -54,6 +55,7 @@ def _builtin(path: Path, names: dict[str, str]) -> Path:
 def _read(path: Path, flag: str) -> str:
     if path.is_dir():
         raise ConfigError(flag, f"{str(path)!r} is a directory", "give a CSV file")
+    check_not_special(path, flag, "give a CSV file")
     if not path.is_file():
         raise ConfigError(
             flag, f"file {str(path)!r} does not exist", f"give a CSV file or one of: {', '.join(BUILTIN_DATA)}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from paratrain.data import DATA_DIR
 from paratrain.errors import ConfigError
+from paratrain.fileio import check_not_special
 
 __all__ = ["GAVEL_DIR", "JobKey", "ThroughputTable", "read_throughputs", "resolve_data_path"]
 
@@ -35,6 +36,7 @@ def resolve_data_path(path: str | Path, field_name: str) -> Path:
             raise ConfigError(field_name, f"no shipped file {text!r}", f"use one of {names}")
         return p
     p = Path(text)
+    check_not_special(p, field_name, "give a data file or a shipped gavel:NAME")
     if not p.is_file():  # a directory exists but is no data file: say which
         raise ConfigError(field_name, f"{text!r} is a directory" if p.is_dir() else f"file {text!r} not found",
                           "check the path")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.fileio import check_not_special
 
 __all__ = ["check_keys", "document_kind", "load_document", "loading_preset_file"]
 
@@ -77,6 +78,7 @@ def load_document(path: str | Path, field: str) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(field, f"{str(p)!r} is a directory", "give a spec file or a preset name")
+    check_not_special(p, field, "give a spec file or a preset name")
     if not p.is_file():
         raise ConfigError(field, f"file {str(p)!r} does not exist", "give an existing file or a preset name")
     suffix = p.suffix.lower()

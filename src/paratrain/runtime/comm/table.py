@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.fileio import check_not_special
 
 __all__ = [
     "BACKENDS",
@@ -306,6 +307,7 @@ def _check_bands(choices: Sequence[Choice], field_name: str) -> None:
 def load_table(path: str | Path, field_name: str = "--comm-table") -> TuningTable:
     """Read a tuning table written by ``paratrain comm tune``; ConfigError on a missing or malformed file."""
     p = Path(path)
+    check_not_special(p, field_name, "give a table from paratrain comm tune")
     if not p.is_file():  # a directory exists but is no table: say which
         problem = f"{str(p)!r} is a directory" if p.is_dir() else f"file {str(p)!r} does not exist"
         raise ConfigError(field_name, problem, "give a table from paratrain comm tune")

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from paratrain.errors import ConfigError, require_at_most
-from paratrain.fileio import atomic_write_text, atomic_writer, check_output_dir, check_output_path
+from paratrain.fileio import atomic_write_text, atomic_writer, check_not_special, check_output_dir, check_output_path
 from paratrain.spec.model import SHAPE_LIMITS, Arch, ModelSpec
 
 from .text import DataSource
@@ -72,6 +72,7 @@ def find_documents(paths: list[str], field: str = "--data") -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
+            check_not_special(p, field, "give text files or directories")
             raise ConfigError(field, f"{s!r} does not exist", "give existing text files or directories")
     return files
 
