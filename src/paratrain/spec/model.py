@@ -358,7 +358,7 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             max_positions=get("max_position_embeddings", default=512),
             ffn=get("intermediate_size", default=4 * hidden),
             arch=Arch.BERT,
-            activation=_hf_activation(cfg.get("hidden_act", "gelu")),
+            activation=_hf_activation(cfg.get("hidden_act", "gelu"), field, "hidden_act"),
             norm_eps=cfg.get("layer_norm_eps", 1e-12),
             dropout=_hf_dropout(cfg, "hidden_dropout_prob", "attention_probs_dropout_prob"),
             pad_token=_hf_pad(cfg.get("pad_token_id", 0), common["vocab"]),  # 0: BertConfig's default
@@ -371,20 +371,20 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             seq=npos,
             max_positions=npos,
             ffn=cfg.get("n_inner") or None,
-            activation=_hf_activation(cfg.get("activation_function", "gelu_new")),
+            activation=_hf_activation(cfg.get("activation_function", "gelu_new"), field, "activation_function"),
             norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             dropout=_hf_dropout(cfg, "resid_pdrop", "attn_pdrop", "embd_pdrop"),
             tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", True),
         )
     # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
-    act = str(cfg.get("hidden_act", "silu")).lower()
+    act = cfg.get("hidden_act", "silu")
     return ModelSpec(
         **common,
         kv_heads=cfg.get("num_key_value_heads") or None,
         ffn=get("intermediate_size"),
         seq=get("max_position_embeddings", default=4096),
         norm=Norm.RMSNORM if "rms_norm_eps" in cfg else Norm.LAYERNORM,
-        activation=Activation.SWIGLU if act in ("silu", "swish", "swiglu") else _hf_activation(act),
+        activation=_hf_activation(act, field, "hidden_act", gated=True),
         position=Position.ROTARY,
         tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", False),
         bias=_hf_bool(cfg, "attention_bias", False) or _hf_bool(cfg, "mlp_bias", False),
@@ -419,14 +419,21 @@ def _hf_bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
     return bool(value)
 
 
-def _hf_activation(name: Any) -> Activation:
-    """HF's activation names: "gelu" is the erf form, the tanh approximation has several names."""
-    key = str(name).lower()
-    if key == "gelu":
-        return Activation.GELU_EXACT
-    if key == "relu":
-        return Activation.RELU
-    return Activation.GELU  # gelu_new, gelu_pytorch_tanh, gelu_fast: the tanh approximation
+# HF's activation names: "gelu" is the erf form, the tanh approximation has several names.
+_HF_ACTIVATIONS = {"gelu": Activation.GELU_EXACT, "relu": Activation.RELU, "gelu_new": Activation.GELU,
+                   "gelu_pytorch_tanh": Activation.GELU, "gelu_fast": Activation.GELU}
+# The Llama family's gated MLP: SiLU (swish) in the gate is SwiGLU.
+_HF_GATED = {"silu": Activation.SWIGLU, "swish": Activation.SWIGLU, "swiglu": Activation.SWIGLU}
+
+
+def _hf_activation(name: Any, field: str, key: str, *, gated: bool = False) -> Activation:
+    """The activation a HF config's ``key`` names; ConfigError for any other name, which no
+    fallback may stand in for (another function computes other values, and the cost differs)."""
+    known = {**_HF_GATED, **_HF_ACTIVATIONS} if gated else _HF_ACTIVATIONS
+    act = known.get(str(name).lower()) if isinstance(name, str) else None
+    if act is None:
+        raise ConfigError(f"{field} key {key!r}", f"unknown activation {name!r}", f"use one of: {', '.join(known)}")
+    return act
 
 
 def preset(name: str, field: str = "--model") -> ModelSpec:
