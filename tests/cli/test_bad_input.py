@@ -385,6 +385,9 @@ CASES = [
                                    "--accelerators", "v100=1000000000000"], "--accelerators"),
     ("cluster-accelerators-sum-huge", ["cluster", "solve", "--jobs", "gavel:max_min_fairness.trace",
                                        "--accelerators", "v100=600000,k80=600000"], "accelerators in all"),
+    # arrivals so rare that their times would run to 1e300 s
+    ("cluster-trace-rate-tiny", ["cluster", "generate-trace", "-o", "{tmp}/t.trace", "--rate", "1e-300"],
+     "--rate: 1e-300 jobs per hour is below the minimum"),
     ("cluster-clouds-empty", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--clouds", ""],
      "--clouds"),
     # a directory given for an input file is named as such, not as missing

@@ -260,7 +260,7 @@ def solve(
 def generate_trace_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Trace file to write.")],
     num_jobs: Annotated[int, typer.Option("--num-jobs", help="Jobs in the trace.")] = 100,
-    rate: Annotated[float, typer.Option("--rate", help="Arrivals per hour (Poisson).")] = 4.0,
+    rate: Annotated[float, typer.Option("--rate", help="Arrivals per hour (Poisson), at least 0.001.")] = 4.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help="Draw 1/2/4/8-GPU jobs (70/10/15/5 %).")] = False,
     multi_priority: Annotated[bool, typer.Option("--multi-priority", help="20 % of jobs get weight 5.")] = False,

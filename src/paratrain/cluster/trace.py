@@ -115,6 +115,11 @@ def format_trace(jobs: tuple[Job, ...] | list[Job]) -> str:
 _MULTI_GPU = ((0.70, 1), (0.80, 2), (0.95, 4), (1.0, 8))
 # A million jobs: far past any published trace (Philly: ~100,000), still seconds to write.
 MAX_GENERATED_JOBS = 1_000_000
+# The slowest arrival rate (jobs per hour): one job per 1,000 hours (six weeks) on average. A trace
+# models a shared cluster's queue over hours to months; slower arrivals leave the cluster idle
+# between jobs, and at 1e-300 the arrival times reach 1e300 s, written as 300-digit numbers. Even a
+# million jobs at this rate arrive within ~4e12 s, which floats hold to the millisecond.
+MIN_RATE_PER_HOUR = 1e-3
 
 
 def generate_trace(
@@ -140,6 +145,9 @@ def generate_trace(
     if not (math.isfinite(rate_per_hour) and rate_per_hour > 0):
         raise ConfigError("--rate", f"must be a positive number of jobs per hour, got {rate_per_hour}",
                           "pass e.g. --rate 4")
+    if rate_per_hour < MIN_RATE_PER_HOUR:
+        raise ConfigError("--rate", f"{rate_per_hour:g} jobs per hour is below the minimum of {MIN_RATE_PER_HOUR:g} "
+                          "(one job per 1,000 hours)", f"pass at least {MIN_RATE_PER_HOUR:g}, e.g. --rate 4")
     types = sorted({k[0] for k in table.isolated if k[1] == 1 and table.get(k, reference_type) > 0})
     if job_types is not None:
         unknown = [t for t in job_types if t not in types]
