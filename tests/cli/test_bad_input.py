@@ -388,6 +388,11 @@ CASES = [
     # arrivals so rare that their times would run to 1e300 s
     ("cluster-trace-rate-tiny", ["cluster", "generate-trace", "-o", "{tmp}/t.trace", "--rate", "1e-300"],
      "--rate: 1e-300 jobs per hour is below the minimum"),
+    # rounds so short that the trace needs more than the simulator's limit: refused before the first
+    ("cluster-round-s-tiny", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--round-s", "1e-9"],
+     "--round-s: the trace needs at least"),
+    ("cluster-compare-round-s-tiny", ["cluster", "compare", "--jobs", "gavel:max_min_fairness.trace", "--policies",
+                                      "fifo", "--round-s", "1e-9"], "--round-s: the trace needs at least"),
     ("cluster-clouds-empty", ["cluster", "simulate", "--jobs", "gavel:max_min_fairness.trace", "--clouds", ""],
      "--clouds"),
     # a directory given for an input file is named as such, not as missing

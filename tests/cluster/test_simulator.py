@@ -19,6 +19,7 @@ from paratrain.cluster.policies import get_policy
 from paratrain.cluster.simulator import simulate_cluster
 from paratrain.cluster.throughputs import ThroughputTable, read_throughputs
 from paratrain.cluster.trace import Job, format_trace, generate_trace, parse_trace, read_trace
+from paratrain.errors import ConfigError
 from paratrain.spec.hetero import parse_accelerators
 
 TRACE = "gavel:max_min_fairness.trace"
@@ -49,6 +50,22 @@ def test_two_jobs_take_turns_by_hand():
                            get_policy("max_min_fairness"))
     assert res.jct_s == {0: 1080.0, 1: 1440.0}
     assert res.avg_jct_s == 1260.0 and res.makespan_s == 1440.0
+
+
+@pytest.mark.parametrize("policy", ["max_min_fairness", "max_min_fairness_packed"])
+def test_rounds_needed_is_a_lower_bound(table, policy):
+    """The up-front round count refuses a trace only when the simulation would pass the limit: a
+    limit of exactly the rounds a run takes still runs it; one below is refused before any round
+    (the one-job case: 1,000 steps, at most 360 a round, need 3)."""
+    cluster, pol = parse_accelerators("g=1"), get_policy("max_min_fairness")
+    assert simulate_cluster([Job("a", 1000)], tiny_table(g=1.0), cluster, pol, max_rounds=3).rounds == 3
+    with pytest.raises(ConfigError, match="needs at least 3 rounds"):
+        simulate_cluster([Job("a", 1000)], tiny_table(g=1.0), cluster, pol, max_rounds=2)
+    jobs = generate_trace(table, num_jobs=6, rate_per_hour=4.0, seed=2, multi_gpu=True)
+    cluster = parse_accelerators("v100=2,p100=2,k80=2")
+    done = simulate_cluster(jobs, table, cluster, get_policy(policy), round_s=60)
+    assert simulate_cluster(jobs, table, cluster, get_policy(policy), round_s=60,
+                            max_rounds=done.rounds).rounds == done.rounds
 
 
 @pytest.mark.slow

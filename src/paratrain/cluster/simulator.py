@@ -100,6 +100,39 @@ def check_jobs_runnable(jobs: tuple[Job, ...] | list[Job], table: ThroughputTabl
                               "add a type the job has a throughput on, with enough accelerators")
 
 
+def _check_rounds_needed(jobs: tuple[Job, ...] | list[Job], table: ThroughputTable, cluster: HeteroClusterSpec,
+                         round_s: float, max_rounds: int, *, pairs: bool) -> None:
+    """A ConfigError now, not after ``max_rounds`` rounds (a minute of work), when the trace needs
+    more: a job makes at most ``max(1, ⌊rate·round_s⌋)`` steps a round at its fastest rate, so it
+    needs that many rounds alone, and all jobs together need their GPU-rounds over the GPUs (twice
+    the GPUs under a packed policy, which puts two jobs on one). A short ``--round-s`` is what
+    makes these large (``1e-9``: one step a round)."""
+    counts = cluster.counts
+    fastest: dict[tuple[str, int], float] = {}
+    for job in jobs:
+        fastest[job.key] = max((table.get(job.key, t) for t in cluster.types), default=0.0)
+    if pairs:  # a co-located rate may (in a measured table) exceed the isolated one
+        for (a, b), by_type in table.colocated.items():
+            for t, (ra, rb) in by_type.items():
+                if t in counts:
+                    if a in fastest:
+                        fastest[a] = max(fastest[a], ra)
+                    if b in fastest:
+                        fastest[b] = max(fastest[b], rb)
+    alone = 0  # the most rounds one job needs
+    gpu_rounds = 0
+    for job in jobs:
+        per_round = max(1, int(fastest[job.key] * round_s)) if fastest[job.key] > 0 else 1
+        need = -(-job.total_steps // per_round)
+        alone = max(alone, need)
+        gpu_rounds += need * job.scale_factor
+    slots = sum(counts.values()) * (2 if pairs else 1)
+    need = max(alone, -(-gpu_rounds // slots))
+    if need > max_rounds:
+        raise ConfigError("--round-s", f"the trace needs at least {need:,} rounds of {round_s:g} s, more than the "
+                          f"limit of {max_rounds:,}", "use longer rounds (Gavel: --round-s 360)")
+
+
 def simulate_cluster(
     jobs: tuple[Job, ...] | list[Job],
     table: ThroughputTable,
@@ -116,6 +149,7 @@ def simulate_cluster(
     if not (math.isfinite(round_s) and round_s > 0):
         raise ConfigError("--round-s", f"must be a positive number of seconds, got {round_s}", "pass e.g. 360")
     check_jobs_runnable(jobs, table, cluster)
+    _check_rounds_needed(jobs, table, cluster, round_s, max_rounds, pairs=policy.is_packed)
     if policy.is_packed:
         from paratrain.cluster.packing import PackedRoundMechanism
 
