@@ -208,6 +208,12 @@ CASES = [
     ("simulate-trace-under-file", [*SIM, "--trace", "{file}/x.json"], "--trace"),
     ("simulate-config-directory", ["simulate", "--config", "{tmp}"], "is a directory"),
     ("simulate-cluster-nan", [*SIM, "--cluster", "{tmp}/clu_nan.json"], "bandwidth_Bps"),
+    # flags that act only with another one, given without it (the default spelled out included)
+    ("simulate-kfac-inversion-without-fill", [*SIM, "--kfac-inversion", "inverse"], "--kfac-inversion"),
+    ("simulate-comm-log-without-json", [*SIM, "--comm-log"], "--comm-log"),
+    ("simulate-density-without-compress", [*SIM, "--density", "0.01"], "--density: sets the fraction"),
+    ("simulate-density-config-without-compress", ["simulate", "--config", "{tmp}/run_ok.json", "--density", "0.1"],
+     "--density: sets the fraction"),
     ("simulate-attention-unknown", [*SIM, "--attention", "sdpa"], "--attention: unknown attention"),
     # an upper-case choice is read as the lower-case one, as --schedule's and --recompute's are
     ("simulate-attention-upper-math-cp", [*SIM[:-2], "--global-batch", "4", "--dp", "1", "--cp", "2",
@@ -668,3 +674,15 @@ def test_fifo_input_is_not_a_regular_file(capsys, tmp_path, argv):
     assert code == 2, err
     assert err.strip().splitlines() == [err.strip()] and f"'{fifo}' is not a regular file" in err, err
     assert elapsed < 5.0
+
+
+def test_density_applies_to_a_run_documents_compressor(capsys, scratch):
+    """--density alone is refused only where nothing is compressed: it does set the density of a
+    compressor a run document names."""
+    doc = {"config": {**_RUN, "parallel": {**_RUN["parallel"], "dp": 2, "global_batch": 16,
+                                           "compression": "oktopk"}}}
+    (scratch / "run_oktopk.json").write_text(json.dumps(doc))
+    code, out, err, _ = _run(capsys, ["simulate", "--config", str(scratch / "run_oktopk.json"), "--density", "0.1",
+                                      "--json"])
+    assert code == 0, err
+    assert json.loads(out)["config"]["compression_density"] == 0.1

@@ -155,8 +155,10 @@ def simulate(
     fill: Annotated[str | None, typer.Option(
         "--fill", help="Fill the bubbles with work: 'kfac' places K-FAC's curvature, factor all-reduce and "
         "inversions (PipeFisher); adds utilization with/without fillers and the refresh interval.")] = None,
-    kfac_inversion: Annotated[str, typer.Option(
-        "--kfac-inversion", help="With --fill kfac: 'inverse' (Cholesky, ~n³ FLOPs) or 'eigen' (~9n³).")] = "inverse",
+    # None: not given (inverse), so that a --kfac-inversion without --fill can be refused
+    kfac_inversion: Annotated[str | None, typer.Option(
+        "--kfac-inversion", help="With --fill kfac: 'inverse' (Cholesky, ~n³ FLOPs; default) or 'eigen' (~9n³).")
+    ] = None,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -172,8 +174,16 @@ def simulate(
                          {"--config": config, "--model": model, "--cluster": cluster, "--device": device})
     if fill is not None and fill != "kfac":
         raise ConfigError("--fill", f"unknown filler work {fill!r}", "use --fill kfac")
+    if kfac_inversion is not None and fill is None:
+        raise ConfigError("--kfac-inversion", "inverts K-FAC's factors placed by --fill kfac, which is not given",
+                          "add --fill kfac, or drop --kfac-inversion")
+    if kfac_inversion is None:
+        kfac_inversion = "inverse"
     if kfac_inversion not in ("inverse", "eigen"):
         raise ConfigError("--kfac-inversion", f"unknown method {kfac_inversion!r}", "use inverse or eigen")
+    if comm_log and not json_out:  # the log is a key of the JSON report; the tables have no place for it
+        raise ConfigError("--comm-log", "adds the transfers to the --json report, which is not asked for",
+                          "add --json, or drop --comm-log")
     doc: dict[str, Any] = load_run_document(config) if config is not None else {}
     overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq, vocab=vocab,
                      dropout=dropout)
@@ -213,6 +223,9 @@ def simulate(
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
     )
+    if density is not None and cfg.compression == "none":  # checked after a run document's compression
+        raise ConfigError("--density", "sets the fraction a gradient compressor keeps, and none is chosen",
+                          "add --compress NAME (e.g. oktopk), or drop --density")
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(
             "--gpus",
