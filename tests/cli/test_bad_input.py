@@ -329,6 +329,7 @@ CASES = [
     ("plan-output-over-model", [*PLAN[:1], "--model", "{tmp}/mod_ok.json", *PLAN[3:], "-o", "{tmp}/mod_ok.json"],
      "--model input"),
     ("sweep-plot-table-same", [*SWEEP, "--plot", "{tmp}/x", "--table", "{tmp}/x"], "--plot file"),
+    ("plan-confirm-without-simulator", [*PLAN, "--confirm", "5"], "--confirm"),
     ("plan-plot-without-sweep", [*PLAN, "--plot", "{tmp}/x.png"], "--plot"),
     ("plan-table-without-sweep", [*PLAN, "--table", "{tmp}/x.csv"], "--table"),
     ("sweep-output", [*SWEEP, "-o", "{tmp}/run.json"], "--output"),

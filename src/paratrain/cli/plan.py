@@ -242,9 +242,11 @@ def plan_command(
         typer.Option("--schedules", help="Schedules to search, or all (default: the synchronous).", rich_help_panel=_S),
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Rows in the ranking.", rich_help_panel=_S)] = 10,
+    # None: not given (5), so that --confirm with --no-simulate can be refused
     confirm: Annotated[
-        int, typer.Option("--confirm", help="Candidates the simulator confirms.", rich_help_panel=_S)
-    ] = 5,
+        int | None, typer.Option("--confirm", help="Candidates the simulator confirms (default 5).",
+                                 rich_help_panel=_S)
+    ] = None,
     simulate: Annotated[
         bool, typer.Option("--simulate/--no-simulate", help="Confirm with the simulator.", rich_help_panel=_S)
     ] = True,
@@ -278,6 +280,11 @@ def plan_command(
 
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
     clus = apply_calibration(resolve_cluster_opts(cluster, device, nodes, gpus), calibration)
+    if confirm is not None and not simulate:
+        raise ConfigError("--confirm", "counts the candidates the simulator confirms, and --no-simulate turns it "
+                          "off", "drop --confirm or --no-simulate")
+    if confirm is None:
+        confirm = 5
     for flag, val in (("--top", top), ("--confirm", confirm)):
         if val < 1:
             raise ConfigError(flag, f"must be at least 1, got {val}", f"e.g. {flag} 5")
