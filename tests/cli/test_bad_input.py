@@ -438,6 +438,15 @@ CASES = [
     # comm tune: checked before any process starts
     ("comm-tune-warmup-negative", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", "-1"], "--warmup"),
     ("comm-tune-warmup-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", str(10**9)], "--warmup"),
+    # flags the chosen size list ignores (--nproc 1: the old code refused that before starting anything)
+    ("comm-tune-quick-max-bytes", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--quick", "--max-bytes",
+                                   "1MiB"], "--max-bytes: bounds the"),
+    ("comm-tune-sizes-min-bytes", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--sizes", "4KiB",
+                                   "--min-bytes", "1KiB"], "--min-bytes: bounds the"),
+    ("comm-tune-sizes-quick", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--sizes", "4KiB", "--quick"],
+     "--quick: measures its own sizes"),
+    ("comm-tune-min-bytes-empty", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--min-bytes", ""],
+     "--min-bytes"),
     ("comm-tune-threads-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--threads", BIG], "--threads"),
     # data: sizes that would fill the disk or abort, an output that cannot be created
     ("data-generate-items-huge", ["data", "generate", "--items", str(10**12), "--out", "{tmp}/img"], "--items"),

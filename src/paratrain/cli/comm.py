@@ -90,9 +90,10 @@ def tune(
     output: Annotated[Path, typer.Option("--output", "-o", help="Write the tuning table (JSON) here.")] = Path(
         "comm-table.json"),
     nproc: Annotated[int, typer.Option("--nproc", help="Local processes (the world; groups: it, its halves, …).")] = 2,
-    max_bytes: Annotated[str, typer.Option("--max-bytes", help="Largest message (default 4MiB; the issue's full "
-                                           "range: 256MiB).")] = "4MiB",
-    min_bytes: Annotated[str, typer.Option("--min-bytes", help="Smallest message.")] = "1KiB",
+    # None: not given (4MiB, 1KiB), so that a bound beside --sizes or --quick can be refused
+    max_bytes: Annotated[str | None, typer.Option("--max-bytes", help="Largest message (default 4MiB; the issue's "
+                                                  "full range: 256MiB).")] = None,
+    min_bytes: Annotated[str | None, typer.Option("--min-bytes", help="Smallest message (default 1KiB).")] = None,
     sizes: Annotated[str | None, typer.Option("--sizes", help="Exact sizes instead of the ×4 grid, e.g. "
                                               "1KiB,64KiB,4MiB.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="1 KiB .. 256 KiB, 5 repeats: a smoke test in seconds.")
@@ -117,6 +118,15 @@ def tune(
     # torch.set_num_threads overflows in the workers past an int, and far below that the
     # processes only oversubscribe the cores
     require_at_most("--threads", threads, _MAX_THREADS, "threads per process")
+    # --sizes and --quick each give the whole list of message sizes: a flag beside them would be ignored
+    if sizes is not None and quick:
+        raise ConfigError("--quick", "measures its own sizes (1 KiB .. 256 KiB), and --sizes lists others",
+                          "drop --quick or --sizes")
+    grid_flag = "--sizes" if sizes is not None else "--quick" if quick else None
+    for flag, value in (("--min-bytes", min_bytes), ("--max-bytes", max_bytes)):
+        if value is not None and grid_flag is not None:
+            raise ConfigError(flag, f"bounds the ×4 grid of message sizes, which {grid_flag} replaces",
+                              f"drop {flag} or {grid_flag}")
     if sizes is not None:
         grid = tuple(parse_bytes("--sizes", s) for s in sizes.split(",") if s.strip())
         if not grid:
@@ -126,7 +136,8 @@ def tune(
         grid = message_sizes(2**10, 2**18)
         repeats = min(repeats, 5)
     else:
-        grid = message_sizes(parse_bytes("--min-bytes", min_bytes), parse_bytes("--max-bytes", max_bytes))
+        grid = message_sizes(parse_bytes("--min-bytes", "1KiB" if min_bytes is None else min_bytes),
+                             parse_bytes("--max-bytes", "4MiB" if max_bytes is None else max_bytes))
     with progress_bar("tuning", json_out) as tick:
         res = run_tune(nproc, backends=backend or None, ops=op or None, sizes=grid, warmup=warmup, repeats=repeats,
                        threads=threads, progress=tick)
