@@ -469,6 +469,8 @@ CASES = [
      "--model input"),
     ("train-loader-workers-huge", ["train", "--task", "image", "--loader-workers", str(10**6)], "--loader-workers"),
     # a micro-batch whose activations alone exceed any host (gpt-tiny: ~264 GB at 10^6 x 64 tokens)
+    ("plan-density-without-compress", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                                       "--density", "0.05"], "--density"),
     ("train-microbatch-huge", ["train", "--steps", "1", "--microbatch", str(10**6), "--global-batch", str(10**6)],
      "--seq/--microbatch"),
     # gradient compression (issue 14)

@@ -108,6 +108,9 @@ def _compressions(name: str | None, density: float | None) -> tuple[str, ...]:
 
     # checked as the runtime checks them (unknown name, density outside (0, 1])
     ParallelConfig(compression=name or "none", compression_density=density if density is not None else 0.01)
+    if density is not None and name in (None, "none"):  # it would weigh nothing: refused, not ignored
+        raise ConfigError("--density", "sets the fraction a gradient compressor keeps, and none is weighed",
+                          "add --compress NAME (e.g. oktopk), or drop --density")
     return ("none",) if name in (None, "none") else ("none", name)
 
 
