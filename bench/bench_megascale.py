@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
 from paratrain.plan.calibrated import FITTED_BY_DEVICE
 from paratrain.plan.validate import with_calibration
@@ -44,15 +46,10 @@ MODEL = ModelSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=64000, name
 def fixed_and_per_microbatch(microbatches: list[int], times_s: list[float]) -> tuple[float, float]:
     """``(per_microbatch_s, fixed_s)`` of the least-squares line ``time = per_microbatch_s * m + fixed_s``
     through ``(m, time)`` points; at least two distinct ``m``."""
-    n = len(microbatches)
-    if n != len(times_s) or len(set(microbatches)) < 2:
+    if len(microbatches) != len(times_s) or len(set(microbatches)) < 2:
         raise ValueError("need at least two distinct micro-batch counts, one time each")
-    mean_m = sum(microbatches) / n
-    mean_t = sum(times_s) / n
-    sxx = sum((m - mean_m) ** 2 for m in microbatches)
-    sxy = sum((m - mean_m) * (t - mean_t) for m, t in zip(microbatches, times_s, strict=True))
-    slope = sxy / sxx
-    return slope, mean_t - slope * mean_m
+    slope, intercept = np.polyfit(microbatches, times_s, 1)
+    return float(slope), float(intercept)
 
 
 def main() -> None:
