@@ -8,141 +8,9 @@ directory holding the files of ``_FILES``; ``{file}`` is an existing plain file 
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import pytest
-
-from paratrain.cli import main
-from paratrain.spec.device_presets import DEVICE_PRESETS
-
-H = (
-    "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
-    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
-)
-
-_SCHED = {"name": "1f1b", "stages": 2, "microbatches": 2, "placement": [[0, 1]], "actions": [
-    ["F0@c0", "SF0@c0>1", "F1@c0", "SF1@c0>1", "RB0@c0<1", "B0@c0", "RB1@c0<1", "B1@c0", "R@c0", "U"],
-    ["RF0@c1<0", "F0@c1", "B0@c1", "SB0@c1>0", "RF1@c1<0", "F1@c1", "B1@c1", "SB1@c1>0", "R@c1", "U"]]}
-
-
-def _sched(**changes: object) -> str:
-    """The 2-stage 1F1B schedule above as JSON, with ``changes`` applied; ``first=ACTION`` puts
-    an action before rank 0's list."""
-    doc = json.loads(json.dumps(_SCHED))
-    first = changes.pop("first", None)
-    if first is not None:
-        doc["actions"][0].insert(0, first)
-    doc.update(changes)
-    return json.dumps(doc)
-
-
-def _trace(source: str, schedule: str = "1f1b", pp: int = 2, mb: int = 4, merge_ranks: bool = False) -> str:
-    """A Chrome trace of ``schedule`` (uniform durations) whose metadata says ``source`` wrote it,
-    as paratrain train and simulate write theirs; ``merge_ranks`` puts every event under pid 0."""
-    from paratrain.schedule.registry import generate
-    from paratrain.sim import simulate
-    from paratrain.trace import chrome_trace
-
-    res = simulate(generate(schedule, stages=pp, microbatches=mb), forward=1e-3, backward=2e-3, record=True)
-    doc = chrome_trace(res.events)
-    if merge_ranks:
-        for ev in doc["traceEvents"]:
-            ev["pid"] = 0
-    doc["metadata"] = {"source": source, "schedule": schedule, "stages": pp, "microbatches": mb, "iterations": 1}
-    return json.dumps(doc)
-
-
-_MEASURED = "paratrain train (measured)"
-_PREDICTED = "paratrain simulate (predicted)"
-_RUN = {"parallel": {"dp": 1, "tp": 1, "pp": 2, "microbatch": 1, "global_batch": 8}, "model": "gpt3-1.3b",
-        "cluster": "dgx-a100"}
-
-# Spec and data files with one thing wrong each.
-_FILES = {
-    "dev_self.json": lambda d: json.dumps({"preset": str(d / "dev_self.json")}),
-    "dev_loop_a.json": lambda d: json.dumps({"preset": str(d / "dev_loop_b.json")}),
-    "dev_loop_b.json": lambda d: json.dumps({"preset": str(d / "dev_loop_a.json")}),
-    "clu_self.json": lambda d: json.dumps({"preset": str(d / "clu_self.json")}),
-    "dev_nan.json": lambda d: '{"preset": "a100", "peak_fp32_flops": NaN}',
-    "dev_inf.json": lambda d: '{"preset": "a100", "peak_bf16_flops": Infinity}',
-    "dev_neg_eff.json": lambda d: '{"preset": "a100", "gemm_efficiency": -0.5}',
-    "dev_reserve.json": lambda d: '{"preset": "a100", "memory_reserved_bytes": 1e15}',
-    "clu_nan.json": lambda d: '{"preset": "dgx-a100", "inter_link": {"bandwidth_Bps": NaN, "latency_s": 1e-6}}',
-    "clu_topo.json": lambda d: '{"preset": "dgx-a100", "topology": "bogus"}',
-    "clu_dev.json": lambda d: '{"preset": "dgx-a100", "device": 42}',
-    "clu_link.json": lambda d: '{"preset": "dgx-a100", "intra_link": 5}',
-    "clu_nodes.json": lambda d: '{"preset": "dgx-a100", "nodes": 100000000}',
-    "clu_list.json": lambda d: "[1, 2]",
-    "clu_tp_runtime.json": lambda d: '{"preset": "cpu", "tensor_parallel": "deepspeed"}',
-    "clu_cores.json": lambda d: '{"preset": "cpu", "cores_per_node": -2}',
-    "clu_threads.json": lambda d: '{"preset": "cpu", "cores_per_node": 2, "threads_per_process": 0}',
-    "clu_tp_table.json": lambda d: '{"preset": "cpu", "measured_collectives": [["all_reduce", 4, 4096]]}',
-    "mod_nan.json": lambda d: '{"preset": "gpt2", "hidden": NaN}',
-    "mod_list.json": lambda d: "[1, 2]",
-    "mod_ok.json": lambda d: '{"preset": "gpt3-1.3b"}',
-    "mod_bad.yaml": lambda d: "layers: [1,\n",
-    "hf_tie_text.json": lambda d: json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
-                                              "vocab_size": 100, "tie_word_embeddings": "false"}),
-    "hf_bias_text.json": lambda d: json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-                                               "num_attention_heads": 4, "intermediate_size": 128,
-                                               "vocab_size": 100, "attention_bias": "no"}),
-    "hf_act_gpt2.json": lambda d: json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
-                                              "vocab_size": 100, "activation_function": "tanh"}),
-    "hf_act_bert.json": lambda d: json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
-                                              "num_attention_heads": 4, "vocab_size": 100, "hidden_act": "mish"}),
-    "hf_act_llama.json": lambda d: json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-                                               "num_attention_heads": 4, "intermediate_size": 128,
-                                               "vocab_size": 100, "hidden_act": "sigmoid"}),
-    "nan.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,nan\n",
-    "inf.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,inf\n",
-    "inf_int.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,inf,100\n",
-    "billion.csv": lambda d: H + "1000000000,1000000000,1,1024,16,24,1024,1,1000000000,1,100\n",
-    "ok.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100\n",
-    "short_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4\n",
-    "long_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100,7\n",
-    "text_cell.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,fast\n",
-    "dup_row.csv": lambda d: H + "8,16,2,1024,16,24,1024,2,4,1,100\n" * 2,
-    "file.txt": lambda d: "an existing plain file\n",
-    # schedules for `schedule show --file`
-    "sched_ok.json": lambda d: _sched(),
-    "sched_filler_nan.json": lambda d: _sched(first="X:wait/nan"),
-    "sched_filler_inf.json": lambda d: _sched(first="X:wait/inf"),
-    "sched_filler_negative.json": lambda d: _sched(first="X:wait/-5"),
-    "sched_iterations_zero.json": lambda d: _sched(iterations=0),
-    "sched_microbatches_null.json": lambda d: _sched(microbatches=None),
-    "sched_microbatches_negative.json": lambda d: _sched(microbatches=-2),
-    "sched_versions_text.json": lambda d: _sched(weight_versions="x"),
-    "sched_stages_float.json": lambda d: _sched(stages=2.5),
-    "sched_stages_text.json": lambda d: _sched(stages="2"),
-    "sched_placement_float.json": lambda d: _sched(placement=[[0.0, 1.0]]),
-    "sched_insert_text.json": lambda d: _sched(insert_p2p="no"),
-    "sched_deadlock.json": lambda d: _sched(actions=[
-        ["F0@c0", "RB0@c0<1", "B0@c0", "SF0@c0>1", "F1@c0", "SF1@c0>1", "RB1@c0<1", "B1@c0", "R@c0", "U"],
-        _SCHED["actions"][1]]),
-    # run documents for `simulate --config`
-    "run_ok.json": lambda d: json.dumps({"config": _RUN}),
-    "run_extra_key.json": lambda d: json.dumps({"config": {**_RUN, "schedule": "1f1b"}}),
-    "run_config_list.json": lambda d: json.dumps({"config": [1]}),
-    "run_cluster_no_device.json": lambda d: json.dumps({"config": {**_RUN, "cluster": {
-        "name": "c", "nodes": 1, "devices_per_node": 8, "intra_link": {"bandwidth_Bps": 1e11, "latency_s": 1e-6},
-        "inter_link": {"bandwidth_Bps": 1e10, "latency_s": 1e-6}}}}),
-    "dev_no_peak.json": lambda d: json.dumps({"name": "x"}),
-    # traces for `compare` and `calibrate --from-trace`
-    "measured.json": lambda d: _trace(_MEASURED),
-    "measured_gpipe.json": lambda d: _trace(_MEASURED, "gpipe"),
-    "measured_merged.json": lambda d: _trace(_MEASURED, merge_ranks=True),
-    "predicted.json": lambda d: _trace(_PREDICTED),
-    "predicted_pp4.json": lambda d: _trace(_PREDICTED, pp=4),
-    "calibration.json": lambda d: json.dumps(DEVICE_PRESETS["cpu"].to_dict()),
-    "calibration_preset.json": lambda d: json.dumps({"preset": "cpu"}),
-}
-
-M = ["--model", "gpt3-1.3b"]
-SIM = ["simulate", *M, "--tp", "2", "--pp", "2", "--dp", "2", "--microbatch", "1", "--global-batch", "8"]
-PLAN = ["plan", *M, "--gpus", "8", "--global-batch", "64", "--no-simulate"]
-SWEEP = [*PLAN, "--sweep", "gpus=8,16"]
-BIG = str(2**40)
+from tests.cli.bad_input import BIG, PLAN, RUN, SIM, SWEEP, M, check_one_line, run_cli
 
 # (id, argv, text the one error line must contain)
 CASES = [
@@ -428,135 +296,12 @@ CASES = [
      "--comm-table: '/dev/zero' is not a regular file"),
     ("data-tokenizer-device-input", ["data", "tokenizer", "/dev/zero", "--out", "{tmp}/tok"],
      "'/dev/zero' is not a regular file"),
-    # calibrate: counts past any machine, flags the other modes ignore (nothing is measured)
-    ("calibrate-procs-huge", ["calibrate", "--procs", BIG, "--out", "{tmp}/cal.json"], "--procs"),
-    ("calibrate-threads-huge", ["calibrate", "--procs", "1", "--threads", BIG, "--out", "{tmp}/cal.json"],
-     "--threads"),
-    ("calibrate-procs-with-gpu", ["calibrate", "--gpu", "h100", "--procs", "4"], "--procs"),
-    ("calibrate-procs-with-trace", ["calibrate", "--from-trace", "{tmp}/measured.json", "--procs", "4"], "--procs"),
-    ("calibrate-procs-with-comm-table", ["calibrate", "--comm-table", "{file}", "--procs", "4"], "--procs"),
-    # comm tune: checked before any process starts
-    ("comm-tune-warmup-negative", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", "-1"], "--warmup"),
-    ("comm-tune-warmup-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--warmup", str(10**9)], "--warmup"),
-    # flags the chosen size list ignores (--nproc 1: the old code refused that before starting anything)
-    ("comm-tune-quick-max-bytes", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--quick", "--max-bytes",
-                                   "1MiB"], "--max-bytes: bounds the"),
-    ("comm-tune-sizes-min-bytes", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--sizes", "4KiB",
-                                   "--min-bytes", "1KiB"], "--min-bytes: bounds the"),
-    ("comm-tune-sizes-quick", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--sizes", "4KiB", "--quick"],
-     "--quick: measures its own sizes"),
-    ("comm-tune-min-bytes-empty", ["comm", "tune", "-o", "{tmp}/t.json", "--nproc", "1", "--min-bytes", ""],
-     "--min-bytes"),
-    ("comm-tune-threads-huge", ["comm", "tune", "-o", "{tmp}/t.json", "--threads", BIG], "--threads"),
-    # data: sizes that would fill the disk or abort, an output that cannot be created
-    ("data-generate-items-huge", ["data", "generate", "--items", str(10**12), "--out", "{tmp}/img"], "--items"),
-    ("data-generate-image-size-huge", ["data", "generate", "--image-size", str(10**6), "--out", "{tmp}/img"],
-     "--image-size"),
-    ("data-generate-out-under-file", ["data", "generate", "--items", "1", "--out", "{file}/img"],
-     "cannot create directory"),
-    ("data-tokenizer-vocab-huge", ["data", "tokenizer", "--vocab", str(10**12), "{file}", "--out", "{tmp}/tok"],
-     "--vocab"),
-    # an empty --out is no directory (Path("") is the current one)
-    ("data-tokenizer-out-empty", ["data", "tokenizer", "{file}", "--out", ""], "--out: empty output directory"),
-    ("data-generate-out-empty", ["data", "generate", "--items", "1", "--out", ""], "--out: empty output directory"),
-    ("data-whatif-plot-over-report", ["data", "whatif", "--from", "{file}", "--plot", "{file}"], "--from input"),
-    # train: outputs over inputs or over each other, refused before anything runs
-    ("train-trace-over-config", ["train", "--config", "{tmp}/run_ok.json", "--trace", "{tmp}/run_ok.json"],
-     "--config input"),
-    ("train-trace-metrics-same", ["train", "--trace", "{tmp}/x.json", "--metrics", "{tmp}/x.json"], "--metrics file"),
-    ("train-comm-log-over-data", ["train", "--data", "{file}", "--comm-log", "{file}"], "--data input"),
-    ("train-save-final-over-model", ["train", "--model", "{tmp}/mod_ok.json", "--save-final", "{tmp}/mod_ok.json"],
-     "--model input"),
-    ("train-loader-workers-huge", ["train", "--task", "image", "--loader-workers", str(10**6)], "--loader-workers"),
-    # a micro-batch whose activations alone exceed any host (gpt-tiny: ~264 GB at 10^6 x 64 tokens)
-    ("plan-density-without-compress", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
-                                       "--density", "0.05"], "--density"),
-    ("train-microbatch-huge", ["train", "--steps", "1", "--microbatch", str(10**6), "--global-batch", str(10**6)],
-     "--seq/--microbatch"),
-    # gradient compression (issue 14)
-    ("train-compress-unknown", ["train", "--compress", "dgc", "--steps", "1"], "--compress"),
-    ("train-density-zero", ["train", "--compress", "oktopk", "--density", "0"], "--density"),
-    ("train-density-above-one", ["train", "--compress", "oktopk", "--density", "1.5"], "--density"),
-    ("train-density-nan", ["train", "--compress", "topka", "--density", "nan"], "--density"),
-    ("train-compress-fsdp", ["train", "--compress", "oktopk", "--dp", "2", "--nproc", "2", "--optimizer-sharding"],
-     "--compress"),
-    ("train-compress-ddp", ["train", "--compress", "oktopk", "--dp", "2", "--nproc", "2", "--dp-impl", "ddp"],
-     "--compress"),
-    ("train-gtopk-dp3", ["train", "--compress", "gtopk", "--dp", "3", "--nproc", "3"], "power-of-two"),
-    ("train-compress-async", ["train", "--compress", "oktopk", "--dp", "2", "--pp", "2", "--nproc", "4",
-                              "--schedule", "pipedream"], "asynchronously"),
-    ("train-compress-warmup-negative", ["train", "--compress", "oktopk", "--compress-warmup", "-1"],
-     "--compress-warmup"),
-    ("train-momentum-correction-adamw", ["train", "--compress", "oktopk", "--dp", "2", "--nproc", "2",
-                                         "--compress-momentum-correction"], "--optimizer sgd"),
-    ("train-momentum-correction-dense", ["train", "--optimizer", "sgd", "--dp", "2", "--nproc", "2",
-                                         "--compress-momentum-correction"], "--compress-momentum-correction"),
-    ("train-momentum-correction-powersgd", ["train", "--optimizer", "sgd", "--compress", "powersgd", "--dp", "2",
-                                            "--nproc", "2", "--compress-momentum-correction"], "sparse compressor"),
-    ("train-density-warmup-negative", ["train", "--compress", "oktopk", "--compress-density-warmup", "-2"],
-     "--compress-density-warmup"),
-    ("train-sgd-checkpoint", ["train", "--optimizer", "sgd", "--checkpoint-dir", "ckpt"], "AdamW's moments"),
-    ("train-sgd-pipedream", ["train", "--optimizer", "sgd", "--pp", "2", "--nproc", "2", "--schedule", "pipedream"],
-     "--optimizer sgd"),
-    ("simulate-density-zero", ["simulate", "--model", "gpt2", "--gpus", "8", "--dp", "8", "--compress", "oktopk",
-                               "--density", "0"], "--density"),
-    ("plan-compress-unknown", ["plan", "--model", "gpt2", "--gpus", "8", "-b", "64", "--compress", "dgc"],
-     "--compress"),
-    # K-FAC (runtime/kfac.py) and --fill-bubbles
-    ("train-optimizer-unknown", ["train", "--optimizer", "shampoo", "--steps", "1"], "--optimizer"),
-    ("train-fill-bubbles-no-pp", ["train", "--optimizer", "kfac", "--fill-bubbles", "--steps", "1"], "--pp > 1"),
-    ("train-fill-bubbles-adamw", ["train", "--fill-bubbles", "--pp", "2", "--nproc", "2"], "--optimizer kfac"),
-    ("train-kfac-tp", ["train", "--optimizer", "kfac", "--tp", "2", "--nproc", "2"], "tensor parallelism"),
-    ("train-kfac-fsdp", ["train", "--optimizer", "kfac", "--dp", "2", "--nproc", "2", "--optimizer-sharding"],
-     "FSDP2"),
-    ("train-kfac-pipedream", ["train", "--optimizer", "kfac", "--pp", "2", "--nproc", "2", "--schedule",
-                              "pipedream"], "asynchronously"),
-    ("train-kfac-damping-zero", ["train", "--optimizer", "kfac", "--kfac-damping", "0"], "--kfac-damping"),
-    ("train-kfac-refresh-zero", ["train", "--optimizer", "kfac", "--kfac-refresh", "0"], "--kfac-refresh"),
-    ("train-kfac-refresh-adamw", ["train", "--kfac-refresh", "4"], "--optimizer"),
-    ("train-kfac-refresh-vs-fill", ["train", "--optimizer", "kfac", "--fill-bubbles", "--pp", "2", "--nproc", "2",
-                                    "--kfac-refresh", "99"], "--kfac-refresh"),
-    ("train-fill-cluster-unknown", ["train", "--optimizer", "kfac", "--fill-bubbles", "--pp", "2", "--nproc", "2",
-                                    "--fill-cluster", "no-such-cluster"], "--fill-cluster"),
 ]
-
-
-@pytest.fixture
-def scratch(tmp_path, monkeypatch) -> Path:
-    for name, make in _FILES.items():
-        (tmp_path / name).write_text(make(tmp_path), encoding="utf-8")
-    # No calibration of this machine leaks into the cases.
-    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path / "cache"))
-    # A relative path a command writes by mistake lands here, where the check below sees it.
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def _run(capsys, argv: list[str]) -> tuple[int, str, str, float]:
-    t0 = time.monotonic()
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0) if not isinstance(e.code, str) else 1
-    elapsed = time.monotonic() - t0
-    out = capsys.readouterr()
-    return code, out.out, out.err, elapsed
 
 
 @pytest.mark.parametrize("argv, needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2(capsys, scratch, argv, needle):
-    argv = [a.replace("{tmp}", str(scratch)).replace("{file}", str(scratch / "file.txt")) for a in argv]
-    before = sorted(p.name for p in scratch.rglob("*"))
-    code, out, err, elapsed = _run(capsys, argv)
-    lines = err.strip().splitlines()
-    assert code == 2, (code, out[-500:], err[-2000:])
-    assert "Traceback" not in err
-    assert len(lines) == 1, err
-    assert lines[0].startswith("paratrain: error: ") and "fix:" in lines[0], lines[0]
-    assert needle in lines[0], lines[0]
-    assert elapsed < 5.0, f"took {elapsed:.1f} s"
-    assert sorted(p.name for p in scratch.rglob("*")) == before  # nothing written
+    check_one_line(capsys, scratch, argv, needle)
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "null", "{not json", '{"peak_fp32_flops": NaN}', '{"preset": "cpu"}'])
@@ -566,7 +311,7 @@ def test_damaged_calibration_cache_falls_back(capsys, tmp_path, monkeypatch, con
     monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
     (tmp_path / "cpu.json").write_text(content)
     (tmp_path / "cpu-cluster.json").write_text(content)
-    code, out, err, _ = _run(capsys, ["cost", "--model", "gpt-tiny", "--device", "cpu", "--json"])
+    code, out, err, _ = run_cli(capsys, ["cost", "--model", "gpt-tiny", "--device", "cpu", "--json"])
     assert code == 0, err
     assert json.loads(out)["device"] == "cpu"
     from paratrain.spec.cluster import resolve_cluster
@@ -583,7 +328,7 @@ def test_damaged_calibration_cache_falls_back(capsys, tmp_path, monkeypatch, con
 def test_well_formed_inputs_still_pass(capsys, scratch, argv):
     """The checks above reject only what is wrong: the same inputs done right run."""
     argv = [a.replace("{tmp}", str(scratch)) for a in argv]
-    code, out, err, _ = _run(capsys, argv)
+    code, out, err, _ = run_cli(capsys, argv)
     assert code == 0, err
     json.loads(out)
 
@@ -602,7 +347,7 @@ def test_plan_drops_microbatch_sizes_past_the_limit(capsys):
                backend=default_backend(simulate=False), top=50)
     assert res.rejected.get("too_many_microbatches", 0) > 0
     assert all(c.config.num_microbatches <= MAX_MICROBATCHES for c in res.ranked)
-    code, out, err, _ = _run(capsys, ["plan", *M, "--gpus", "8", "--global-batch", str(batch), "--no-simulate",
+    code, out, err, _ = run_cli(capsys, ["plan", *M, "--gpus", "8", "--global-batch", str(batch), "--no-simulate",
                                       "--json"])
     assert code == 0, err
     win = json.loads(out)["config"]["parallel"]
@@ -626,7 +371,7 @@ def test_plan_library_default_is_usable_memory(capsys):
     assert all(c.metrics.peak_memory_bytes <= dev.usable_memory_bytes for c in res.ranked)
     line = dict(winner_breakdown(model, cluster, res.winner, res.capacity_bytes))["peak memory per GPU"]
     assert f"of {dev.usable_memory_bytes / 2**30:.1f} GiB usable ({dev.memory_bytes / 2**30:.0f} GiB device)" in line
-    code, out, err, _ = _run(capsys, ["plan", *M, "--gpus", "8", "--global-batch", "64", "--no-simulate"])
+    code, out, err, _ = run_cli(capsys, ["plan", *M, "--gpus", "8", "--global-batch", "64", "--no-simulate"])
     assert code == 0, err
     assert f"GiB of {dev.usable_memory_bytes / 2**30:.1f} GiB usable (80 GiB device)" in out
 
@@ -634,7 +379,7 @@ def test_plan_library_default_is_usable_memory(capsys):
 def test_longest_legal_file_name_is_written(capsys, tmp_path):
     """A 255-byte name is legal; the temporary file beside it must be too."""
     target = tmp_path / ("c" * 250 + ".json")
-    code, _, err, _ = _run(capsys, ["schedule", "show", "-s", "1f1b", "--save", str(target)])
+    code, _, err, _ = run_cli(capsys, ["schedule", "show", "-s", "1f1b", "--save", str(target)])
     assert code == 0, err
     assert json.loads(target.read_text())["name"] == "1f1b"
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
@@ -644,14 +389,14 @@ def test_simulate_says_when_a_layout_does_not_fit(capsys):
     """Simulating a layout whose peak exceeds the device's usable memory is allowed (a what-if),
     but the report says it does not fit instead of printing the peak alone."""
     big = ["simulate", "--model", "gpt3-175b", "--gpus", "8", "--pp", "2", "--global-batch", "8"]
-    code, out, err, _ = _run(capsys, [*big, "--json"])
+    code, out, err, _ = run_cli(capsys, [*big, "--json"])
     assert code == 0, err
     doc = json.loads(out)
     assert doc["peak_memory_bytes"] > doc["usable_memory_bytes"] and doc["fits_in_memory"] is False
-    code, out, err, _ = _run(capsys, big)
+    code, out, err, _ = run_cli(capsys, big)
     assert code == 0, err
     assert "does not fit" in out
-    code, out, err, _ = _run(capsys, [*SIM, "--json"])
+    code, out, err, _ = run_cli(capsys, [*SIM, "--json"])
     assert code == 0, err
     assert json.loads(out)["fits_in_memory"] is True
 
@@ -661,7 +406,7 @@ def test_attention_choice_is_case_insensitive(capsys, command):
     """--attention reads MATH as math, as --schedule, --recompute and --sharding ignore case."""
     outs = []
     for value in ("math", "MATH"):
-        code, out, err, _ = _run(capsys, [*command, "--attention", value, "--json"])
+        code, out, err, _ = run_cli(capsys, [*command, "--attention", value, "--json"])
         assert code == 0, err
         doc = json.loads(out)
         doc.pop("search_time_s", None)  # plan's wall time
@@ -682,7 +427,7 @@ def test_fifo_input_is_not_a_regular_file(capsys, tmp_path, argv):
 
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
-    code, _, err, elapsed = _run(capsys, [a.replace("{fifo}", str(fifo)) for a in argv])
+    code, _, err, elapsed = run_cli(capsys, [a.replace("{fifo}", str(fifo)) for a in argv])
     assert code == 2, err
     assert err.strip().splitlines() == [err.strip()] and f"'{fifo}' is not a regular file" in err, err
     assert elapsed < 5.0
@@ -691,10 +436,10 @@ def test_fifo_input_is_not_a_regular_file(capsys, tmp_path, argv):
 def test_density_applies_to_a_run_documents_compressor(capsys, scratch):
     """--density alone is refused only where nothing is compressed: it does set the density of a
     compressor a run document names."""
-    doc = {"config": {**_RUN, "parallel": {**_RUN["parallel"], "dp": 2, "global_batch": 16,
+    doc = {"config": {**RUN, "parallel": {**RUN["parallel"], "dp": 2, "global_batch": 16,
                                            "compression": "oktopk"}}}
     (scratch / "run_oktopk.json").write_text(json.dumps(doc))
-    code, out, err, _ = _run(capsys, ["simulate", "--config", str(scratch / "run_oktopk.json"), "--density", "0.1",
+    code, out, err, _ = run_cli(capsys, ["simulate", "--config", str(scratch / "run_oktopk.json"), "--density", "0.1",
                                       "--json"])
     assert code == 0, err
     assert json.loads(out)["config"]["compression_density"] == 0.1
