@@ -100,7 +100,8 @@ def test_rule_breakers_never_reach_the_simulator(fake_backend) -> None:
     cluster = resolve_cluster("dgx-a100", gpus=32)
     for name in ALL:
         pins = Pins(schedule=name, pp=4, microbatch=4)
-        res = plan(model, cluster, 64, pins=pins, backend=backend, top=40, confirm=40, refine=40, confirm_budget_s=1e9)
+        res = plan(model, cluster, 64, pins=pins, backend=backend, top=40, confirm=40, refine=40,
+                   confirm_budget_actions=10**9)
         assert res.ranked, name
     assert built
     assert {c.schedule for c in built} == set(ALL)

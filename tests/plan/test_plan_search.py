@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ScheduleName
+from paratrain.parallel.config import ParallelConfig, ScheduleName
 from paratrain.plan.backend import PlanCache
-from paratrain.plan.search import evaluate, plan
+from paratrain.plan.search import evaluate, plan, simulated_actions
 from paratrain.plan.space import Pins, Rejections, layouts, microbatches, schedule_rule_ok, variants
 from paratrain.spec.cluster import resolve_cluster
 from paratrain.spec.model import preset
@@ -56,6 +56,32 @@ def test_winner_is_confirmed_by_the_simulator_and_ranked_by_it(fake_backend):
     assert times == sorted(times)
     assert res.winner.metrics.peak_memory_bytes <= CLUSTER.device.memory_bytes
     assert res.considered >= res.evaluated > 0
+
+
+def test_simulated_actions_count_every_chunk_pass_of_every_microbatch():
+    # 4 stages x 2 chunks, 64 / (2 x 4) = 8 micro-batches: forward and backward of each, 128 actions;
+    # ZB-H1 splits the backward into input and weight gradients (3 per chunk and micro-batch).
+    inter = ParallelConfig(dp=2, pp=4, microbatch=4, global_batch=64, schedule=ScheduleName.INTERLEAVED,
+                           virtual_stages=2)
+    assert simulated_actions(inter) == 2 * 8 * 8
+    zb = ParallelConfig(dp=2, pp=4, microbatch=4, global_batch=64, schedule=ScheduleName.ZB_H1)
+    assert simulated_actions(zb) == 3 * 4 * 8
+
+
+def test_confirmation_budget_counts_actions_not_seconds(fake_backend):
+    # The order the simulator confirms in: the closed forms' ranking.
+    order = [c.config for c in plan(MODEL, CLUSTER, 256, backend=dataclasses.replace(fake_backend, simulate=None),
+                                    confirm=3, top=5).ranked]
+    # No budget beyond the first: the first candidate alone is simulated, whatever the machine's speed.
+    one = plan(MODEL, CLUSTER, 256, backend=fake_backend, confirm=3, top=5, confirm_budget_actions=0)
+    assert [c.config for c in one.ranked if c.simulated is not None] == order[:1]
+    # A budget of exactly the first two candidates' actions confirms those two and stops.
+    budget = simulated_actions(order[0]) + simulated_actions(order[1])
+    two = plan(MODEL, CLUSTER, 256, backend=fake_backend, confirm=3, top=5, confirm_budget_actions=budget)
+    assert {c.config for c in two.ranked if c.simulated is not None} == set(order[:2])
+    # The default budget confirms all three.
+    full = plan(MODEL, CLUSTER, 256, backend=fake_backend, confirm=3, top=5)
+    assert sum(c.simulated is not None for c in full.ranked) == 3
 
 
 def test_pins_are_respected(fake_backend):
