@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -38,6 +40,9 @@ __all__ = ["rank_prefix", "log", "fail_and_exit", "explain_failure", "maybe_inje
 
 FAULT_ENV = "PARATRAIN_FAULT"
 STOP_GRACE_S = 1.0  # a worker's wait, on SIGTERM, for the launcher's SIGINT of an interrupted job
+# How long a lone process, once interrupted, may stay inside one native call (a huge attention
+# kernel) before it is ended without reaching Python again; PARATRAIN_STOP_AFTER_S overrides it.
+STOP_AFTER_S = 10.0
 
 
 def rank_prefix(rank: int) -> str:
@@ -130,10 +135,69 @@ def signal_handlers(rank: int, *, alone: bool) -> Iterator[None]:
         {signal.SIGINT: signal.SIG_DFL, signal.SIGTERM: _stopped}
     before = {s: signal.signal(s, h) for s, h in handlers.items()}
     try:
-        yield
+        with _ended_if_stuck(_stop_after_s()) if alone else contextlib.nullcontext():
+            yield
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def _stop_after_s() -> float:
+    raw = os.environ.get("PARATRAIN_STOP_AFTER_S")
+    try:
+        value = float(raw) if raw else STOP_AFTER_S
+    except ValueError:
+        value = STOP_AFTER_S
+    return value if value > 0 else STOP_AFTER_S
+
+
+@contextlib.contextmanager
+def _ended_if_stuck(after_s: float) -> Iterator[None]:
+    """End the process ``after_s`` after SIGINT or SIGTERM (at once on a second one) if the Python
+    handler has not ended it by then.
+
+    A Python signal handler runs only between bytecodes of the main thread, so a process inside
+    one long native call (a torch kernel over a huge tensor) would not stop until the call
+    returns. CPython's C-level handler also writes the signal's number to the wakeup fd at once,
+    whatever the main thread is doing; a watcher thread waits on it.
+    """
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        first: int | None = None
+        deadline = 0.0
+        while not done.is_set():
+            reader.settimeout(None if first is None else max(0.0, deadline - time.monotonic()))
+            try:
+                data = reader.recv(64)
+            except (TimeoutError, OSError):
+                data = None
+            if done.is_set() or data == b"":
+                return
+            stops = [n for n in data or b"" if n in (signal.SIGINT, signal.SIGTERM)]
+            if first is None:
+                if stops:
+                    first, deadline = stops[0], time.monotonic() + after_s
+                continue
+            if data is None or stops:  # the wait ran out, or a second interrupt came
+                signum = stops[0] if stops else first
+                print(f"paratrain: interrupted ({signal.Signals(signum).name}); stopped inside a long"
+                      " computation", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
+
+    watcher = threading.Thread(target=watch, name="paratrain-stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        writer.close()  # the watcher's recv returns b"" and it ends
+        watcher.join(timeout=5)
+        reader.close()
 
 
 class Phase:
