@@ -415,15 +415,29 @@ def run_variation(events: Sequence[TraceEvent], is_async: bool) -> float | None:
 def select_step(events: Sequence[TraceEvent], step: int | None, field: str = "--step"
                 ) -> tuple[list[TraceEvent], int | None]:
     """The events of measured step ``step`` (None: the last) and the step chosen; a trace without
-    steps is returned whole with None."""
+    steps is returned whole with None when no step is asked for. A step the trace lacks is refused:
+    comparing another step (or the whole trace) in its place would answer a different question."""
     steps = sorted({e.step for e in events if e.step is not None})
     if not steps:
+        if step is not None:
+            raise ConfigError(field, f"the measured trace has no steps (no event carries args.step), so no step "
+                              f"{step}", f"drop {field}, or record the run with `paratrain train --trace FILE`, whose "
+                              "events carry their steps")
         return list(events), None
     chosen = steps[-1] if step is None else step
     if chosen not in steps:
-        raise ConfigError(field, f"the measured trace has steps {steps[0]}..{steps[-1]}, not {chosen}",
-                          f"use {field} between {steps[0]} and {steps[-1]}")
+        raise ConfigError(field, f"the measured trace has steps {_steps_text(steps)}, not {chosen}",
+                          f"use {field} {steps[-1]} (the last) or another step of the trace")
     return [e for e in events if e.step == chosen], chosen
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    """``0..4`` for consecutive steps, else the list (its ends only past eight)."""
+    if steps[-1] - steps[0] == len(steps) - 1:
+        return f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    if len(steps) > 8:
+        return f"{', '.join(map(str, steps[:4]))}, ..., {', '.join(map(str, steps[-3:]))}"
+    return ", ".join(map(str, steps))
 
 
 def shift_to_zero(events: Sequence[TraceEvent]) -> list[TraceEvent]:

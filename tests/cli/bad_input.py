@@ -37,19 +37,30 @@ def _sched(**changes: object) -> str:
     return json.dumps(doc)
 
 
-def _trace(source: str, schedule: str = "1f1b", pp: int = 2, mb: int = 4, merge_ranks: bool = False) -> str:
+def _trace(source: str, schedule: str = "1f1b", pp: int = 2, mb: int = 4, merge_ranks: bool = False,
+           steps: tuple[int, ...] = ()) -> str:
     """A Chrome trace of ``schedule`` (uniform durations) whose metadata says ``source`` wrote it,
-    as paratrain train and simulate write theirs; ``merge_ranks`` puts every event under pid 0."""
+    as paratrain train and simulate write theirs; ``merge_ranks`` puts every event under pid 0;
+    ``steps``: the timeline once per step, one after the other, each event with its ``args.step``
+    (as ``paratrain train --trace`` writes), else once without steps."""
     from paratrain.schedule.registry import generate
     from paratrain.sim import simulate
     from paratrain.trace import chrome_trace
 
-    res = simulate(generate(schedule, stages=pp, microbatches=mb), forward=1e-3, backward=2e-3, record=True)
+    sched = generate(schedule, stages=pp, microbatches=mb)
+    res = simulate(sched, forward=1e-3, backward=2e-3, record=True)
     doc = chrome_trace(res.events)
     if merge_ranks:
         for ev in doc["traceEvents"]:
             ev["pid"] = 0
-    doc["metadata"] = {"source": source, "schedule": schedule, "stages": pp, "microbatches": mb, "iterations": 1}
+    if steps:
+        spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+        period = max(e["ts"] + e["dur"] for e in spans)
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e["ph"] != "X"] + [
+            {**e, "ts": e["ts"] + i * period, "args": {**e.get("args", {}), "step": s}}
+            for i, s in enumerate(steps) for e in spans]
+    doc["metadata"] = {"source": source, "schedule": schedule, "stages": pp, "microbatches": mb,
+                       "iterations": sched.iterations}
     return json.dumps(doc)
 
 
@@ -132,6 +143,10 @@ FILES = {
     "measured.json": lambda d: _trace(_MEASURED),
     "measured_gpipe.json": lambda d: _trace(_MEASURED, "gpipe"),
     "measured_merged.json": lambda d: _trace(_MEASURED, merge_ranks=True),
+    "measured_steps.json": lambda d: _trace(_MEASURED, steps=(0, 1, 2)),
+    "measured_step_gaps.json": lambda d: _trace(_MEASURED, steps=(0, 2, 5)),
+    "measured_pipedream.json": lambda d: _trace(_MEASURED, "pipedream", steps=(0, 1)),
+    "predicted_pipedream.json": lambda d: _trace(_PREDICTED, "pipedream"),
     "predicted.json": lambda d: _trace(_PREDICTED),
     "predicted_pp4.json": lambda d: _trace(_PREDICTED, pp=4),
     "calibration.json": lambda d: json.dumps(DEVICE_PRESETS["cpu"].to_dict()),

@@ -226,6 +226,19 @@ CASES = [
     ("compare-ranks-merged", ["compare", "{tmp}/measured_merged.json", "{tmp}/predicted.json"], "overlap"),
     ("compare-plot-over-input", ["compare", "{tmp}/measured.json", "{tmp}/predicted.json", "--plot",
                                  "{tmp}/measured.json"], "MEASURED input"),
+    # compare --step: a step the trace lacks is refused, not replaced by the last step or the whole trace
+    ("compare-step-not-in-trace", ["compare", "{tmp}/measured_steps.json", "{tmp}/predicted.json", "--step", "99"],
+     "--step: the measured trace has steps 0..2, not 99"),
+    ("compare-step-negative", ["compare", "{tmp}/measured_steps.json", "{tmp}/predicted.json", "--step", "-1"],
+     "--step: the measured trace has steps 0..2, not -1"),
+    ("compare-step-in-a-gap", ["compare", "{tmp}/measured_step_gaps.json", "{tmp}/predicted.json", "--step", "1"],
+     "--step: the measured trace has steps 0, 2, 5, not 1"),
+    ("compare-step-no-steps", ["compare", "{tmp}/measured.json", "{tmp}/predicted.json", "--step", "99"],
+     "--step: the measured trace has no steps"),
+    ("compare-step-asynchronous", ["compare", "{tmp}/measured_pipedream.json", "{tmp}/predicted_pipedream.json",
+                                   "--step", "0"], "--step: the measured run is asynchronous"),
+    ("compare-step-no-value", ["compare", "{tmp}/measured_steps.json", "{tmp}/predicted.json", "--step"],
+     "'--step' requires an argument"),
     # calibrate --from-trace
     ("calibrate-simulated-trace", ["calibrate", "--from-trace", "{tmp}/predicted.json", "--out",
                                    "{tmp}/calibration.json"], "simulated trace"),
@@ -322,6 +335,10 @@ def test_damaged_calibration_cache_falls_back(capsys, tmp_path, monkeypatch, con
 
 @pytest.mark.parametrize("argv", [
     ["compare", "{tmp}/measured.json", "{tmp}/predicted.json", "--json"],
+    ["compare", "{tmp}/measured_steps.json", "{tmp}/predicted.json", "--json"],
+    ["compare", "{tmp}/measured_steps.json", "{tmp}/predicted.json", "--step", "0", "--json"],
+    ["compare", "{tmp}/measured_step_gaps.json", "{tmp}/predicted.json", "--step", "5", "--json"],
+    ["compare", "{tmp}/measured_pipedream.json", "{tmp}/predicted_pipedream.json", "--json"],
     ["schedule", "show", "-f", "{tmp}/sched_ok.json", "--json"],
     ["simulate", "--config", "{tmp}/run_ok.json", "--json"],
 ])

@@ -88,8 +88,10 @@ def test_bad_input_is_one_line(tmp_path: Path, run_cli) -> None:
     assert_one_line_error(*run_cli("compare", str(tmp_path / "missing.json"), str(good))[::2], "MEASURED")
     assert_one_line_error(*run_cli("compare", str(good), str(bad))[::2], "SIMULATED", "not JSON")
     assert_one_line_error(*run_cli("compare", str(empty), str(good))[::2], "no compute events")
-    code, _, err = run_cli("compare", str(good), str(good), "--step", "7")
-    assert code == 0  # a trace without steps has nothing to select
+    # a trace without steps is compared whole, but has no step 7 to compare
+    assert run_cli("compare", str(good), str(good))[0] == 0
+    assert_one_line_error(*run_cli("compare", str(good), str(good), "--step", "7")[::2], "--step", "no steps",
+                          "paratrain train --trace")
     code, _, err = run_cli("compare", str(good), str(good), "--iterations", "0")
     assert_one_line_error(code, err, "--iterations")
 

@@ -14,7 +14,8 @@ actions and optimizer steps on a rank; iteration time = first action to last fin
 (for asynchronous schedules covering ``K ≥ 3`` steps: the steady-state period between the ends of
 batch 0 and batch ``K-2`` on each rank, averaged); bubble fraction = mean over ranks of
 idle / iteration time. A measured trace holds every step (``args.step``); the last one is compared
-unless ``--step`` says otherwise (the first step includes warm-up effects). It also reports how
+unless ``--step`` says otherwise (the first step includes warm-up effects). A ``--step`` the trace
+does not hold (or a trace without steps, or an asynchronous run's) is refused. It also reports how
 much the durations of repeated actions vary in the measured run (:func:`duration_variation`), the
 input of the simulator's variable-duration mode (``paratrain simulate --duration-cv``).
 """
@@ -80,6 +81,9 @@ def compare(
     for name, v in (("--microbatches", mb), ("--iterations", m_its), ("--sim-iterations", s_its)):
         if v < 1:
             raise ConfigError(name, f"must be at least 1, got {v}", f"use {name} 1 or more")
+    if step is not None and is_async:  # the steady-state period spans steps: none can be picked
+        raise ConfigError("--step", f"the measured run is asynchronous ({m_its} iterations per timeline): its "
+                          "trace is compared whole, by the steady-state period", "drop --step")
     chosen = None
     cv = run_variation(m_events, is_async)
     if not is_async:
