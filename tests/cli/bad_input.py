@@ -135,6 +135,8 @@ FILES = {
     "run_ok.json": lambda d: json.dumps({"config": RUN}),
     "run_extra_key.json": lambda d: json.dumps({"config": {**RUN, "schedule": "1f1b"}}),
     "run_config_list.json": lambda d: json.dumps({"config": [1]}),
+    "run_powersgd.json": lambda d: json.dumps({"config": {**RUN, "parallel": {**RUN["parallel"], "dp": 2,
+                                                                             "compression": "powersgd"}}}),
     "run_cluster_no_device.json": lambda d: json.dumps({"config": {**RUN, "cluster": {
         "name": "c", "nodes": 1, "devices_per_node": 8, "intra_link": {"bandwidth_Bps": 1e11, "latency_s": 1e-6},
         "inter_link": {"bandwidth_Bps": 1e10, "latency_s": 1e-6}}}}),

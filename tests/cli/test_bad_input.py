@@ -460,3 +460,26 @@ def test_density_applies_to_a_run_documents_compressor(capsys, scratch):
                                       "--json"])
     assert code == 0, err
     assert json.loads(out)["config"]["compression_density"] == 0.1
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate", "--model", "gpt2", "--gpus", "8", "--dp", "8", "--compress", "{name}", "--json"],
+    ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64", "--no-simulate", "--compress", "{name}",
+     "--json"],
+], ids=["simulate", "plan"])
+def test_density_is_taken_by_the_sparse_compressors_only(capsys, command):
+    """--density sets a sparse compressor's density and is refused with PowerSGD, which runs
+    without it as before."""
+    def run(name: str, *extra: str) -> tuple[int, str, str]:
+        code, out, err, _ = run_cli(capsys, [*(a.replace("{name}", name) for a in command), *extra])
+        return code, out, err
+
+    code, out, err = run("powersgd")
+    assert code == 0, err
+    for density in (0.001, 0.1):
+        code, out, err = run("oktopk", "--density", str(density))
+        assert code == 0, err
+        cfg = json.loads(out)["config"]
+        assert cfg.get("parallel", cfg)["compression_density"] == density  # plan nests the layout
+    code, _, err = run("powersgd", "--density", "0.1")
+    assert code == 2 and "--density" in err and "powersgd" in err, err

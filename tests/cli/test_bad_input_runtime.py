@@ -85,6 +85,19 @@ CASES = [
     # a density with no compressor to weigh would be ignored
     ("plan-density-without-compress", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
                                        "--density", "0.05"], "--density"),
+    ("train-density-without-compress", ["train", "--density", "0.1", "--steps", "1"],
+     "--density: sets the fraction a gradient compressor keeps, and none is chosen"),
+    # ... and so would one for PowerSGD, low-rank (a fixed rank; no flag sets it)
+    ("train-density-powersgd", ["train", "--compress", "powersgd", "--density", "0.1", "--steps", "1"],
+     "--density: sets the fraction a sparse compressor keeps; powersgd is low-rank"),
+    ("train-density-powersgd-config", ["train", "--config", "{tmp}/run_powersgd.json", "--density", "0.1",
+                                       "--steps", "1"], "--density: sets the fraction a sparse compressor keeps"),
+    ("simulate-density-powersgd", ["simulate", "--model", "gpt2", "--gpus", "8", "--dp", "8", "--compress",
+                                   "powersgd", "--density", "0.1"], "powersgd is low-rank"),
+    ("simulate-density-powersgd-config", ["simulate", "--config", "{tmp}/run_powersgd.json", "--density", "0.1"],
+     "powersgd is low-rank"),
+    ("plan-density-powersgd", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
+                               "--compress", "powersgd", "--density", "0.05"], "powersgd is low-rank"),
     # K-FAC (runtime/kfac.py) and --fill-bubbles
     ("train-optimizer-unknown", ["train", "--optimizer", "shampoo", "--steps", "1"], "--optimizer"),
     ("train-fill-bubbles-no-pp", ["train", "--optimizer", "kfac", "--fill-bubbles", "--steps", "1"], "--pp > 1"),

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar, cast
 import typer
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig, sharding_level
+from paratrain.parallel.config import SPARSE_COMPRESSIONS, ParallelConfig, sharding_level
 from paratrain.spec.cluster import ClusterSpec, resolve_cluster
 from paratrain.spec.device import DeviceSpec, resolve_device
 from paratrain.spec.model import ModelSpec, resolve_model
@@ -53,6 +53,7 @@ __all__ = [
     "as_flag_error",
     "flag_errors",
     "parallel_from_opts",
+    "check_density_applies",
     "parse_ints",
     "parse_mesh_order",
     "resolve_model_opts",
@@ -174,8 +175,8 @@ CompressOpt = Annotated[
 ]
 DensityOpt = Annotated[
     float | None,
-    typer.Option("--density", help="Fraction of the gradient a sparse compressor keeps, in (0, 1] "
-                 "(default 0.01).", rich_help_panel=_P),
+    typer.Option("--density", help="Fraction of the gradient a sparse compressor (oktopk, topka, gtopk, "
+                 "gaussiank) keeps, in (0, 1] (default 0.01); not with powersgd.", rich_help_panel=_P),
 ]
 MeshOrderOpt = Annotated[
     str | None,
@@ -403,6 +404,22 @@ def parallel_from_opts(
     if str(given.get("schedule", "")).lower() == "interleaved":
         given.setdefault("virtual_stages", 2)  # interleaving needs at least two chunks per rank
     return ParallelConfig(**given)
+
+
+def check_density_applies(compression: str, density: float | None, none_is: str = "chosen") -> None:
+    """``--density`` with no compressor it sets (none, or low-rank PowerSGD) is refused, not
+    ignored: the run would not be the one the flag describes. ``compression``: the one the run
+    uses (after any run document's); ``none_is``: how the command picks it, for the message."""
+    if density is None:
+        return
+    if compression == "none":
+        raise ConfigError("--density", f"sets the fraction a gradient compressor keeps, and none is {none_is}",
+                          "add --compress NAME (e.g. oktopk), or drop --density")
+    if compression not in SPARSE_COMPRESSIONS:
+        raise ConfigError("--density", f"sets the fraction a sparse compressor keeps; {compression} is low-rank "
+                          "(a fixed rank) and takes no density",
+                          f"drop --density, or use a sparse --compress: {', '.join(SPARSE_COMPRESSIONS[:-1])} or "
+                          f"{SPARSE_COMPRESSIONS[-1]}")
 
 
 @contextmanager

@@ -50,6 +50,7 @@ from paratrain.cli.options import (
     VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
+    check_density_applies,
     flag_errors,
     parse_ints,
     parse_mesh_order,
@@ -108,9 +109,7 @@ def _compressions(name: str | None, density: float | None) -> tuple[str, ...]:
 
     # checked as the runtime checks them (unknown name, density outside (0, 1])
     ParallelConfig(compression=name or "none", compression_density=density if density is not None else 0.01)
-    if density is not None and name in (None, "none"):  # it would weigh nothing: refused, not ignored
-        raise ConfigError("--density", "sets the fraction a gradient compressor keeps, and none is weighed",
-                          "add --compress NAME (e.g. oktopk), or drop --density")
+    check_density_applies(name or "none", density, "weighed")
     return ("none",) if name in (None, "none") else ("none", name)
 
 

@@ -50,6 +50,7 @@ from paratrain.cli.options import (
     VirtualStagesOpt,
     VocabOpt,
     apply_calibration,
+    check_density_applies,
     flag_errors,
     parallel_from_opts,
     print_json,
@@ -223,9 +224,7 @@ def simulate(
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
     )
-    if density is not None and cfg.compression == "none":  # checked after a run document's compression
-        raise ConfigError("--density", "sets the fraction a gradient compressor keeps, and none is chosen",
-                          "add --compress NAME (e.g. oktopk), or drop --density")
+    check_density_applies(cfg.compression, density)  # after a run document's compression
     if gpus is not None and cfg.world_size != gpus:
         raise ConfigError(
             "--gpus",

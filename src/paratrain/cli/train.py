@@ -34,6 +34,7 @@ from paratrain.cli.options import (
     TpOpt,
     VirtualStagesOpt,
     VocabOpt,
+    check_density_applies,
     flag_errors,
     parallel_from_opts,
     resolve_model_opts,
@@ -265,6 +266,7 @@ def train(
                               optimizer_sharding=optimizer_sharding, sequence_parallel=sequence_parallel,
                               schedule=schedule, virtual_stages=virtual_stages, compression=compress,
                               compression_density=density, sharding=sharding)
+    check_density_applies(pcfg.compression, density)  # after a run document's compression
     if global_batch is None and base is None:
         pcfg = pcfg.with_overrides(global_batch=pcfg.dp * pcfg.microbatch * max(pcfg.pp, 4))
     # zero1 is paratrain's distributed optimizer, zero2 / zero3 FSDP2; runtime.config.check_sharding

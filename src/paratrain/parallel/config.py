@@ -96,6 +96,8 @@ class Recompute(str, Enum):
 
 # Gradient compressors (paratrain.runtime.compress; Ok-Topk, Li & Hoefler PPoPP'22, and its baselines).
 COMPRESSIONS = ("none", "oktopk", "topka", "gtopk", "gaussiank", "powersgd")
+# The ones compression_density applies to; powersgd is low-rank, with a fixed rank instead.
+SPARSE_COMPRESSIONS = ("oktopk", "topka", "gtopk", "gaussiank")
 
 
 # Sharded data parallelism over dp (Rajbhandari et al. 2020, "ZeRO", sec. 5; Zhao et al. 2023, "PyTorch
