@@ -309,6 +309,8 @@ CASES = [
      "--comm-table: '/dev/zero' is not a regular file"),
     ("data-tokenizer-device-input", ["data", "tokenizer", "/dev/zero", "--out", "{tmp}/tok"],
      "'/dev/zero' is not a regular file"),
+    ("data-prepare-tokenizer-device-input", ["data", "prepare", "--tokenizer", "/dev/zero", "--out", "{tmp}/cache",
+                                            "{file}"], "--tokenizer: '/dev/zero' is not a regular file"),
 ]
 
 
@@ -436,15 +438,25 @@ def test_attention_choice_is_case_insensitive(capsys, command):
     ["simulate", "--config", "{fifo}"],
     ["validate", "{fifo}"],
     ["train", "--config", "{fifo}", "--steps", "1"],
-], ids=["cost-model", "simulate-config", "validate", "train-config"])
+    ["data", "prepare", "--tokenizer", "{fifo}", "--out", "{tmp}/cache", "{tmp}/text.txt"],
+    ["data", "prepare", "--tokenizer", "{fifodir}", "--out", "{tmp}/cache", "{tmp}/text.txt"],
+], ids=["cost-model", "simulate-config", "validate", "train-config", "data-prepare-tokenizer",
+       "data-prepare-tokenizer-dir"])
+@pytest.mark.timeout(60)  # a read of the pipe would block forever: fail instead
 def test_fifo_input_is_not_a_regular_file(capsys, tmp_path, argv):
-    """A named pipe given as an input file is named as what it is, not as missing; nothing opens it
-    (an open for reading would wait for a writer forever)."""
+    """A named pipe given as an input file (or as the file a given directory holds: tokenizer.json)
+    is named as what it is, not as missing; nothing opens it (an open for reading would wait for a
+    writer forever)."""
     import os
 
-    fifo = tmp_path / "pipe.json"
+    (tmp_path / "text.txt").write_text("a document\n")
+    (tmp_path / "dir").mkdir()
+    fifo = tmp_path / "dir" / "tokenizer.json"
     os.mkfifo(fifo)
-    code, _, err, elapsed = run_cli(capsys, [a.replace("{fifo}", str(fifo)) for a in argv])
+    subs = {"{fifodir}": str(fifo.parent), "{fifo}": str(fifo), "{tmp}": str(tmp_path)}
+    for key, value in subs.items():
+        argv = [a.replace(key, value) for a in argv]
+    code, _, err, elapsed = run_cli(capsys, argv)
     assert code == 2, err
     assert err.strip().splitlines() == [err.strip()] and f"'{fifo}' is not a regular file" in err, err
     assert elapsed < 5.0

@@ -163,6 +163,8 @@ def load_tokenizer(path: str | os.PathLike[str], field: str = "--tokenizer") -> 
     """A tokenizer from a directory holding ``tokenizer.json`` (or the file itself)."""
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
+    # A FIFO or a device would block or never end in read_bytes below
+    check_not_special(file, field, "give a Hugging Face model directory or its tokenizer.json file")
     if not file.is_file():
         raise ConfigError(field, f"no tokenizer.json in {str(path)!r}",
                           "give a Hugging Face model directory or train one: paratrain data tokenizer --train "
