@@ -19,3 +19,7 @@ def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up  # Gemma's (HF GemmaMLP) gate

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tests.spec.test_gemma_geglu import GEMMA_7B
 
 from paratrain.cost.compute import (
     embedding_ops,
@@ -20,7 +21,7 @@ from paratrain.cost.flops import (
 )
 from paratrain.errors import ConfigError
 from paratrain.spec.device import resolve_device
-from paratrain.spec.model import preset
+from paratrain.spec.model import from_hf_config, preset
 
 GPT3 = ["gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]
 TOL = 1e-3  # the issue's bound: < 0.1 %
@@ -145,3 +146,21 @@ def test_layer_ops_rejects_bad_placements() -> None:
         layer_ops(dataclasses.replace(m, seq=2047, max_positions=None), tp=8, sequence_parallel=True)
     with pytest.raises(ConfigError, match="global_batch"):
         matmul_flops_per_iteration(m, 0)
+
+
+def test_gated_gelu_mlp_flops_by_hand() -> None:
+    """Gemma-7B (GeGLU, 16 heads of 256 beside hidden 3072), one sequence of T = 8192 tokens: the
+    forward runs x·W_gate and x·W_up (one fc1 GEMM of width 2f), tanh-GeLU of the gate and the
+    product (8 + 1 FLOPs an element), then ·W_down: 2·T·h·2f + 2·T·f·h = 6·T·h·f, against 4·T·h·f
+    for a non-gated MLP of the same f. Attention: Q, K, V and the projection are 4096 wide, the
+    core 4·T·s·(a·d). Backward twice the forward."""
+    m = from_hf_config(GEMMA_7B)
+    t, s, h, f, q, v, layers = 8192, 8192, 3072, 24576, 4096, 256000, 28
+    ops = {o.name: o for o in layer_ops(m, microbatch=1)}
+    assert ops["fc1"].fwd_flops == 2 * t * h * 2 * f
+    assert ops["fc2"].fwd_flops == 2 * t * f * h
+    assert ops["geglu"].fwd_flops == 9 * t * f and "gelu" not in ops
+    plain = {o.name: o for o in layer_ops(dataclasses.replace(m, activation="gelu"), microbatch=1)}
+    assert plain["fc1"].fwd_flops + plain["fc2"].fwd_flops == 4 * t * h * f
+    layer_fwd = 2 * t * (h * 3 * q + q * h) + 4 * t * s * q + 6 * t * h * f
+    assert matmul_flops_per_iteration(m, 1) == pytest.approx(3 * (layers * layer_fwd + 2 * t * v * h), rel=1e-12)

@@ -147,3 +147,17 @@ def test_korthikanti_formulas_for_random_shapes(head_dim: int, heads_per_rank: i
     sel = activation_bytes_per_layer(m, microbatch=b, tp=t, sequence_parallel=True, recompute="selective")
     assert sel * t == 34 * sbh
     assert activation_bytes_per_layer(m, microbatch=b, tp=t, recompute="full") == 2 * sbh
+
+
+def test_gemma_7b_terms_carry_its_wide_heads_and_gated_mlp() -> None:
+    """Gemma-7B in bf16, one sequence (s·b = 8192 tokens), no dropout, fused kernels: Q and the
+    projection's input are a·d = 4096 wide beside hidden 3072; the GeGLU keeps gate and up (2f)."""
+    from tests.spec.test_gemma_geglu import GEMMA_7B
+
+    from paratrain.spec.model import from_hf_config
+
+    terms = {name: n for name, n, _ in activation_terms(from_hf_config(GEMMA_7B), attention="flash")}
+    sb, h, q, f = 8192, 3072, 4096, 24576
+    assert (terms["qkv input"], terms["Q"], terms["K"], terms["V"]) == (2 * sb * h, 2 * sb * q, 2 * sb * q, 2 * sb * q)
+    assert terms["projection input"] == 2 * sb * q
+    assert (terms["gate and up (activation input)"], terms["fc2 input"]) == (2 * sb * 2 * f, 2 * sb * f)

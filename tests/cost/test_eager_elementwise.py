@@ -1,5 +1,5 @@
 """Eager PyTorch's element-wise composites in the cost model (RMSNorm in fp32, rotary embedding
-through complex numbers, SwiGLU as two kernels), checked against an independent count: the same
+through complex numbers, SwiGLU and GeGLU as two kernels), checked against an independent count: the same
 code run under a dispatch mode that records every ATen kernel of the forward and of autograd's
 backward, with the bytes each reads and writes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.cost.eager_composites import rmsnorm, rotary, swiglu
+from tests.cost.eager_composites import geglu, rmsnorm, rotary, swiglu
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -99,12 +99,15 @@ def test_eager_rotary_bytes_and_kernels_are_what_autograd_runs(dtype: str) -> No
     assert fused.fwd_bytes == fused.bwd_bytes == 2 * n * tdt.itemsize
 
 
-def test_eager_swiglu_is_silu_then_product() -> None:
+@pytest.mark.parametrize("name, fn", [("swiglu", swiglu), ("geglu", geglu)])
+def test_eager_gated_activation_is_activation_then_product(name: str, fn) -> None:  # noqa: ANN001
     t, f = 64, 32
     gate = torch.randn(t, f, dtype=torch.bfloat16, requires_grad=True)
     up = torch.randn(t, f, dtype=torch.bfloat16, requires_grad=True)
-    fwd, bwd = _count(swiglu, [gate, up], t * f)
-    op, n = _op("swiglu", "bf16", fused=False), _elements("swiglu")
+    fwd, bwd = _count(fn, [gate, up], t * f)
+    m = preset("llama3-8b").with_overrides(activation=name)
+    op = next(o for o in layer_ops(m, microbatch=1, dtype="bf16", attention="flash", fused=False) if o.name == name)
+    n = _elements("swiglu")
     assert op.fwd_bytes / n == pytest.approx((fwd.read + fwd.written) / (t * f))
     assert op.bwd_bytes / n == pytest.approx((bwd.read + bwd.written) / (t * f))
     assert (op.fwd_kernels, op.bwd_kernels) == (fwd.kernels, bwd.kernels)

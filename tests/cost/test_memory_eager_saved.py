@@ -1,5 +1,5 @@
 """What autograd keeps for the backward of eager PyTorch's element-wise composites (RMSNorm in fp32,
-SwiGLU as SiLU then the product, the rotary embedding through complex numbers) and of a fused norm,
+SwiGLU and GeGLU as the activation then the product, the rotary embedding through complex numbers) and of a fused norm,
 against the memory model's per-layer terms; and FP8 linear layers' saved inputs in closed form."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from tests.cost.eager_composites import rmsnorm, rotary
+from tests.cost.eager_composites import geglu, rmsnorm, rotary, swiglu
 
 from paratrain.cost.memory import activation_bytes_per_layer, activation_terms
 from paratrain.spec.model import preset
@@ -43,8 +43,8 @@ def _activation_sized(saved: list[tuple[int, int]], rows: int) -> int:
     return sum(b for b, n in saved if n > rows)
 
 
-def _terms(dtype: str, *, fused: bool, **kw: object) -> dict[str, int]:
-    return {name: n for name, n, _ in activation_terms(TINY, dtype=dtype, attention="flash", fused=fused, **kw)}
+def _terms(dtype: str, *, fused: bool, model: object = TINY, **kw: object) -> dict[str, int]:
+    return {name: n for name, n, _ in activation_terms(model, dtype=dtype, attention="flash", fused=fused, **kw)}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -75,19 +75,22 @@ def test_a_fused_norm_keeps_its_input_and_per_row_statistics(dtype: str) -> None
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_eager_swiglu_mlp_keeps_silu_output_besides_gate_and_up(dtype: str) -> None:
+@pytest.mark.parametrize("activation, fn, act_name", [("swiglu", swiglu, "SiLU"), ("geglu", geglu, "GELU")])
+def test_eager_gated_mlp_keeps_activation_output_besides_gate_and_up(dtype: str, activation: str, fn,  # noqa: ANN001
+                                                                      act_name: str) -> None:
     tdt = _TORCH[dtype]
     x = torch.randn(TOKENS, H, dtype=tdt, requires_grad=True)
     w1, w3 = (torch.randn(H, F, dtype=tdt, requires_grad=True) for _ in range(2))
     w2 = torch.randn(F, H, dtype=tdt, requires_grad=True)
-    saved = _saved_storages(lambda a: (torch.nn.functional.silu(a @ w1) * (a @ w3)) @ w2, [x], [w1, w2, w3])
-    terms = _terms(dtype, fused=False)
-    model = (terms["fc1 input"] + terms["gate and up (activation input)"] + terms["SiLU output (product's input)"]
-             + terms["fc2 input"])
+    saved = _saved_storages(lambda a: fn(a @ w1, a @ w3) @ w2, [x], [w1, w2, w3])
+    out = f"{act_name} output (product's input)"
+    terms = _terms(dtype, fused=False, model=dataclasses.replace(TINY, activation=activation))
+    model = terms["fc1 input"] + terms["gate and up (activation input)"] + terms[out] + terms["fc2 input"]
     assert _activation_sized(saved, TOKENS) == model
-    fused = _terms(dtype, fused=True)  # a fused SwiGLU recomputes SiLU from the gate
-    assert "SiLU output (product's input)" not in fused
-    assert model - terms["SiLU output (product's input)"] == (
+    # a fused kernel recomputes the activation from the gate
+    fused = _terms(dtype, fused=True, model=dataclasses.replace(TINY, activation=activation))
+    assert out not in fused
+    assert model - terms[out] == (
         fused["fc1 input"] + fused["gate and up (activation input)"] + fused["fc2 input"])
 
 

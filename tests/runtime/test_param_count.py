@@ -25,6 +25,9 @@ SHAPES = {
     ),
     # SwiGLU with the default FFN rule (2/3 * 4h rounded up to 256) and biases kept.
     "swiglu-default-ffn": ModelSpec(layers=1, hidden=40, heads=5, seq=8, vocab=30, activation="swiglu"),
+    # GeGLU (Gemma's MLP) with the default gated FFN rule, and Gemma-7B-style heads wider than hidden/heads.
+    "geglu-wide-heads": ModelSpec(layers=2, hidden=40, heads=4, kv_heads=2, head_size=16, seq=8, vocab=30,
+                                  norm="rmsnorm", activation="geglu", position="rotary", bias=True),
     "relu-untied-bias-free-layernorm": ModelSpec(
         layers=2, hidden=24, heads=3, seq=8, vocab=40, activation="relu", tied_embeddings=False, bias=False,
     ),

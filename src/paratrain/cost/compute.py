@@ -52,7 +52,7 @@ from paratrain.cost.gemm import gemm_efficiency, gemm_peak_flops, gemm_tile_choi
 from paratrain.cost.op import Op, _gemm_op
 from paratrain.errors import ConfigError, require_positive_int
 from paratrain.spec.device import DeviceSpec
-from paratrain.spec.model import _DTYPE_BYTES, Activation, Arch, ModelSpec, Position
+from paratrain.spec.model import _DTYPE_BYTES, Arch, ModelSpec, Position
 
 __all__ = [
     "layer_ops",
@@ -157,7 +157,7 @@ def _layer_ops(
     tokens = b * model.seq
     tokens_sp = tokens // t if sequence_parallel else tokens  # rows of norms/dropout/residual
     heads_r = model.heads // t
-    q_r, kv_r, f_r = h // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    q_r, kv_r, f_r = model.q_dim // t, kv_dim_per_rank(model, t), model.ffn_size // t
     drop = uses_dropout(model)
 
     ops: list[Op] = [_norm_op("ln_1", model, tokens_sp * h, e, fused)]
@@ -200,7 +200,7 @@ def _mlp_ops(model: ModelSpec, tokens: int, tokens_sp: int, f_r: int, e: int, fu
     ops: list[Op] = []
     ops.append(_residual_op("attn_residual", model, tokens_sp * h, e, fused))
     ops.append(_norm_op("ln_2", model, tokens_sp * h, e, fused))
-    gated = model.activation is Activation.SWIGLU
+    gated = model.activation.gated
     ops.append(_gemm_op("fc1", tokens, (2 if gated else 1) * f_r, h, e, weight=True))
     ops.extend(_activation_ops(model, tokens * f_r, e, fused))
     ops.append(_gemm_op("fc2", tokens, h, f_r, e, weight=True))

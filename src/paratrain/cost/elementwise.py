@@ -1,5 +1,5 @@
 """Element-wise operators of a transformer layer (norms, rotary embedding, bias/dropout/residual,
-GeLU and SwiGLU): their FLOPs per element, the bytes they move and the kernels they launch, fused
+GeLU, SwiGLU and GeGLU): their FLOPs per element, the bytes they move and the kernels they launch, fused
 or as eager PyTorch's composites of ATen operators."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ _SCALE_MASK_FLOPS = 2  # scale by 1/sqrt(d) 1, add causal/padding mask 1
 _DROPOUT_FLOPS = 2  # compare against a random number 1, scale by 1/(1-p) 1
 _GELU_FLOPS = 8  # tanh approximation: x³, 2 multiply-adds, tanh, 1+, ×x, ×0.5
 _SWIGLU_FLOPS = 5  # sigmoid (exp, add, divide) 3, ×gate 1, ×up 1
+_GEGLU_FLOPS = _GELU_FLOPS + 1  # tanh-GeLU of the gate, ×up 1
 _LOSS_FLOPS = 5  # max, subtract, exp, sum, pick target
 _MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al. 2022, sec. 4.1)
 
@@ -133,17 +134,18 @@ def _residual_op(name: str, model: ModelSpec, n: int, e: int, fused: bool) -> Op
 
 def _activation_ops(model: ModelSpec, n: int, e: int, fused: bool) -> list[Op]:
     """The MLP's activation over the ``n`` elements of the first GEMM's output (per half when gated):
-    SwiGLU, or GeLU with the first GEMM's bias add (fused: Megatron-LM's bias-GeLU kernel)."""
-    gated = model.activation is Activation.SWIGLU
-    if gated and fused:
-        # silu(gate)·up: read both halves, write the product; backward reads dy, gate, up, writes both grads.
-        return [_ew_op("swiglu", "activation", n, e, reads=2, writes=1, flops=_SWIGLU_FLOPS,
-                       bwd_reads=3, bwd_writes=2)]
-    if gated:
-        # eager ``silu(w1(x)) * w3(x)``: silu (read 1, write 1) then the product (2, 1); backward: the
-        # product's two gradients (dy·up and dy·silu: reads 2 + 2, writes 2; silu(gate) is saved)
-        # and silu's (dy and gate, write 1)
-        return [_ew_op("swiglu", "activation", n, e, reads=3, writes=2, flops=_SWIGLU_FLOPS,
+    SwiGLU or GeGLU, or GeLU with the first GEMM's bias add (fused: Megatron-LM's bias-GeLU kernel).
+    GeGLU moves what SwiGLU moves (``gelu`` and ``gelu_backward`` read and write as ``silu`` and
+    ``silu_backward`` do); only its FLOPs differ."""
+    if model.activation.gated:
+        name, flops = ("swiglu", _SWIGLU_FLOPS) if model.activation is Activation.SWIGLU else ("geglu", _GEGLU_FLOPS)
+        if fused:
+            # act(gate)·up: read both halves, write the product; backward reads dy, gate, up, writes both grads.
+            return [_ew_op(name, "activation", n, e, reads=2, writes=1, flops=flops, bwd_reads=3, bwd_writes=2)]
+        # eager ``silu(w1(x)) * w3(x)`` (or gelu): the activation (read 1, write 1) then the product
+        # (2, 1); backward: the product's two gradients (dy·up and dy·act: reads 2 + 2, writes 2;
+        # act(gate) is saved) and the activation's (dy and gate, write 1)
+        return [_ew_op(name, "activation", n, e, reads=3, writes=2, flops=flops,
                        bwd_reads=6, bwd_writes=3, kernels=2, bwd_kernels=3)]
     bias = 1 if model.bias else 0
     if fused:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from paratrain.cost.compute import op_time
 from paratrain.cost.op import Op
 from paratrain.errors import ConfigError
-from paratrain.spec.model import Activation, ModelSpec
+from paratrain.spec.model import ModelSpec
 
 if TYPE_CHECKING:
     from paratrain.spec.device import DeviceSpec
@@ -54,9 +54,9 @@ FACTOR_BYTES = 4  # factors and inverses are kept in fp32
 
 def linear_shapes(model: ModelSpec) -> tuple[tuple[int, int], ...]:
     """``(d_in, d_out)`` of the K-FAC layers of one transformer layer, in forward order."""
-    h, f = model.hidden, model.ffn_size
-    gated = model.activation is Activation.SWIGLU
-    return ((h, h + 2 * model.kv_dim), (h, h), (h, (2 if gated else 1) * f), (f, h))
+    h, q, f = model.hidden, model.q_dim, model.ffn_size
+    gated = model.activation.gated
+    return ((h, q + 2 * model.kv_dim), (q, h), (h, (2 if gated else 1) * f), (f, h))
 
 
 def curvature_flops(d_in: int, d_out: int, tokens: int) -> float:

@@ -28,7 +28,7 @@ recomputation holds plus ``4·b·(a/t)·s`` bytes — Korthikanti's selective re
 
 Per-row statistics (a norm's mean and reciprocal standard deviation: ``4·s·b`` bytes, ``1/h`` of one
 activation) are left out, as Korthikanti leaves them out. The terms above are the fused kernels'
-(``fused=True``, the default): a fused norm keeps its input, a fused SwiGLU its two inputs. Eager
+(``fused=True``, the default): a fused norm keeps its input, a fused SwiGLU or GeGLU its two inputs. Eager
 PyTorch's composites (``fused=False``, as :mod:`paratrain.cost.elementwise` times them) keep more:
 
 - RMSNorm (``xf = x.float(); xf·rsqrt(mean(xf²) + ε)``, ``type_as``, ``·w``): ``pow`` and the
@@ -36,7 +36,8 @@ PyTorch's composites (``fused=False``, as :mod:`paratrain.cost.elementwise` time
   normalized tensor before the weight (``e`` bytes), and the input ``x`` is kept by nothing — 4
   bytes an element more than the fused kernel, in any dtype (the final norm before the head too);
 - SwiGLU (``silu(gate)·up``): SiLU keeps the gate, the product keeps ``up`` and SiLU's output — one
-  ``e``-byte tensor of the FFN width more than the fused kernel, which recomputes SiLU;
+  ``e``-byte tensor of the FFN width more than the fused kernel, which recomputes SiLU; GeGLU
+  (``gelu(gate, approximate="tanh")·up``) keeps the same tensors;
 - rotary (``view_as_complex(x.float())·freqs``, ``type_as``): the complex product keeps only the
   frequency table (the casts keep nothing), one buffer shared by every layer — nothing per layer.
 
@@ -170,7 +171,7 @@ def activation_terms(
     s, b, h, t = model.seq, microbatch, model.hidden, tp
     sb = s * b
     rep = sb // t if sequence_parallel else sb  # tokens of a replicated (or sequence-sharded) tensor
-    heads_r, kv_r, f_r = model.heads // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    heads_r, q_r, kv_r, f_r = model.heads // t, model.q_dim // t, kv_dim_per_rank(model, t), model.ffn_size // t
     drop = uses_dropout(model)
     mask = 1  # byte per dropout-mask element
     scores = heads_r * s * s * b
@@ -181,7 +182,7 @@ def activation_terms(
     terms: list[tuple[str, int, bool]] = norm_terms("ln_1", model, rep, e, fused=fused)
     terms += [
         ("qkv input", lin * rep * h, False),
-        ("Q", e * sb * (h // t), False),
+        ("Q", e * sb * q_r, False),
         ("K", e * sb * kv_r, False),
         ("attention log-sum-exp", _FP32 * b * heads_r * s, False) if flash else ("softmax output", e * scores, True),
     ]
@@ -189,17 +190,18 @@ def activation_terms(
         terms += [("attention dropout mask", mask * scores, True), ("attention dropout output", e * scores, True)]
     terms.append(("V", e * sb * kv_r, False))
     if flash and lin != e:  # the attention kernel keeps its output; the projection keeps its FP8 cast
-        terms += [("attention output", e * sb * (h // t), False), ("projection input", lin * sb * (h // t), False)]
+        terms += [("attention output", e * sb * q_r, False), ("projection input", lin * sb * q_r, False)]
     else:
-        terms.append(("projection input", lin * sb * (h // t), False))
+        terms.append(("projection input", lin * sb * q_r, False))
     if drop:
         terms.append(("attention residual dropout mask", mask * rep * h, False))
     terms += norm_terms("ln_2", model, rep, e, fused=fused)
     terms.append(("fc1 input", lin * rep * h, False))
-    if model.activation is Activation.SWIGLU:
+    if model.activation.gated:
         terms.append(("gate and up (activation input)", e * sb * 2 * f_r, False))
         if not fused:
-            terms.append(("SiLU output (product's input)", e * sb * f_r, False))
+            gate = "SiLU" if model.activation is Activation.SWIGLU else "GELU"
+            terms.append((f"{gate} output (product's input)", e * sb * f_r, False))
         terms.append(("fc2 input", lin * sb * f_r, False))
     else:
         terms += [("activation input", e * sb * f_r, False), ("fc2 input", lin * sb * f_r, False)]

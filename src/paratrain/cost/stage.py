@@ -43,7 +43,7 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.config import ParallelConfig, Recompute, ScheduleName
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.device import DeviceSpec
-from paratrain.spec.model import Activation, Arch, ModelSpec
+from paratrain.spec.model import Arch, ModelSpec
 
 __all__ = ["chunk_costs", "PartCost", "layer_cost", "layer_params_per_rank", "tp_ranks"]
 
@@ -153,8 +153,8 @@ def layer_params_per_rank(model: ModelSpec, tp: int) -> int:
     (QKV, first MLP GEMM) and row-parallel weights (projection, second MLP GEMM) are split over
     ``tp``; row-parallel biases and the norms are replicated. Equals ``params_per_layer`` at tp=1."""
     h, t = model.hidden, tp
-    q_r, kv_r, f_r = h // t, kv_dim_per_rank(model, t), model.ffn_size // t
-    gates = 2 if model.activation is Activation.SWIGLU else 1
+    q_r, kv_r, f_r = model.q_dim // t, kv_dim_per_rank(model, t), model.ffn_size // t
+    gates = 2 if model.activation.gated else 1
     n = h * (q_r + 2 * kv_r) + q_r * h  # QKV, projection
     n += gates * h * f_r + f_r * h  # MLP
     if model.bias:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from paratrain.cost.collectives import collective_time
 from paratrain.cost.compute import dtype_bytes
 from paratrain.spec.cluster import ClusterSpec
-from paratrain.spec.model import Activation, ModelSpec
+from paratrain.spec.model import ModelSpec
 
 __all__ = ["TPCollective", "TPPart", "collective_cpu", "collective_s", "fit_line", "group_rate", "tp_parts",
            "tp_part_cpu", "tp_part_times", "measured_time"]
@@ -112,7 +112,7 @@ def tp_parts(
     loss = TPCollective("all_reduce", 4 * tokens, LOSS_VALUES_PER_TOKEN)
     if runtime == "megatron":
         return _megatron_parts(act, loss, sequence_parallel)
-    column = 5 if model.activation is Activation.SWIGLU else 4  # q, k, v, fc1 (+ gate)
+    column = 5 if model.activation.gated else 4  # q, k, v, fc1 (+ gate)
     row = 2  # attention output, fc2
     if sequence_parallel:
         norms = 2 * _norm_param_tensors(model)

@@ -94,6 +94,8 @@ def advise(
                     probe = model.with_overrides(
                         hidden=hidden, heads=heads, vocab=vocab, layers=1, kv_heads=kv, ffn=ffn
                     )
+                    if probe.head_size is not None:  # the head size is hidden/heads, one of _HEAD_DIMS
+                        probe = dataclasses.replace(probe, head_size=None)
                 except ConfigError:
                     continue
                 per_layer = probe.params_per_layer()

@@ -1,7 +1,8 @@
 """Model specification: the shape of a transformer, exact parameter count, presets and loaders.
 
-Legend: ``h`` hidden size, ``a`` attention heads, ``k`` key/value heads (GQA), ``d = h/a`` head
-size, ``f`` FFN size, ``V`` vocabulary, ``P`` learned-position table size, ``l`` layers.
+Legend: ``h`` hidden size, ``a`` attention heads, ``k`` key/value heads (GQA), ``d`` head size
+(``h/a`` unless ``head_size`` sets it), ``f`` FFN size, ``V`` vocabulary, ``P`` learned-position
+table size, ``l`` layers.
 """
 
 from __future__ import annotations
@@ -55,10 +56,17 @@ class Activation(str, Enum):
     GELU = "gelu"  # the tanh approximation (GPT-2's "gelu_new", Hendrycks & Gimpel 2016, sec. 2)
     GELU_EXACT = "gelu_exact"  # x·Φ(x) with the erf (BERT's and HF's "gelu")
     RELU = "relu"
-    SWIGLU = "swiglu"  # gated: three h×f matrices (Shazeer 2020)
+    SWIGLU = "swiglu"  # gated: three h×f matrices, silu(x·W_gate)·(x·W_up)·W_down (Shazeer 2020)
+    # gated as SwiGLU with the tanh-approximated GELU in the gate: GeGLU (Shazeer 2020), Gemma's MLP
+    GEGLU = "geglu"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated: a third h×f matrix (the gate) beside up and down."""
+        return self in (Activation.SWIGLU, Activation.GEGLU)
 
 
 class Position(str, Enum):
@@ -93,6 +101,7 @@ SHAPE_LIMITS = {
     "hidden": 2**18,
     "heads": 2**16,
     "kv_heads": 2**16,
+    "head_size": 2**16,
     "ffn": 2**20,
     "seq": 2**24,
     "vocab": 2**24,
@@ -105,8 +114,11 @@ class ModelSpec:
     """Shape of a transformer model.
 
     ``kv_heads`` and ``ffn`` may be left ``None``: they then follow ``heads`` (no GQA) and the
-    usual FFN size (4h; for SwiGLU the Llama rule 2/3·4h rounded up to a multiple of 256).
-    Use :attr:`num_kv_heads` and :attr:`ffn_size` for the resolved values.
+    usual FFN size (4h; for a gated MLP, SwiGLU or GeGLU, the Llama rule 2/3·4h rounded up to a
+    multiple of 256).
+    ``head_size`` may be left ``None`` too: ``hidden/heads``. Gemma-7B sets 256 with hidden 3072
+    and 16 heads, so Q and the attention output are 4096 wide, wider than the residual stream.
+    Use :attr:`num_kv_heads`, :attr:`head_dim` and :attr:`ffn_size` for the resolved values.
     """
 
     layers: int
@@ -116,6 +128,7 @@ class ModelSpec:
     vocab: int
     kv_heads: int | None = None
     ffn: int | None = None
+    head_size: int | None = None
     name: str = "custom"
     arch: Arch = Arch.GPT
     norm: Norm = Norm.LAYERNORM
@@ -138,7 +151,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab"):
             require_positive_int(f, getattr(self, f))
-        for f in ("kv_heads", "ffn", "max_positions"):
+        for f in ("kv_heads", "head_size", "ffn", "max_positions"):
             v = getattr(self, f)
             if v is not None:
                 require_positive_int(f, v)
@@ -165,7 +178,7 @@ class ModelSpec:
         object.__setattr__(self, "position", parse_enum(Position, "position", self.position))
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
-        if self.hidden % self.heads:
+        if self.head_size is None and self.hidden % self.heads:
             raise ConfigError(
                 "heads",
                 f"{self.heads} heads do not divide hidden size {self.hidden}",
@@ -189,7 +202,14 @@ class ModelSpec:
     # ----- resolved shape -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """Width of one head of Q, K and V: ``head_size``, else ``h/a``."""
+        return self.head_size if self.head_size is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the Q projection and of the attention output: ``a·d`` (``h`` unless ``head_size``
+        says otherwise)."""
+        return self.heads * self.head_dim
 
     @property
     def num_kv_heads(self) -> int:
@@ -204,7 +224,7 @@ class ModelSpec:
     def ffn_size(self) -> int:
         if self.ffn is not None:
             return self.ffn
-        if self.activation is Activation.SWIGLU:
+        if self.activation.gated:
             # Llama keeps the FFN's parameter count near 8h² with three matrices: 2/3·4h, rounded
             # up to a multiple of 256 (Touvron et al. 2023, and Meta's reference code).
             f = int(2 * 4 * self.hidden / 3)
@@ -239,14 +259,14 @@ class ModelSpec:
         return 2 * self.hidden
 
     def attention_params(self) -> int:
-        h, kv = self.hidden, self.kv_dim
-        weights = h * h + 2 * h * kv + h * h  # Q, K, V, output projection
-        biases = (h + 2 * kv + h) if self.bias else 0
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        weights = h * q + 2 * h * kv + q * h  # Q, K, V, output projection
+        biases = (q + 2 * kv + h) if self.bias else 0
         return weights + biases
 
     def mlp_params(self) -> int:
         h, f = self.hidden, self.ffn_size
-        if self.activation is Activation.SWIGLU:
+        if self.activation.gated:
             return 3 * h * f + ((2 * f + h) if self.bias else 0)
         return 2 * h * f + ((f + h) if self.bias else 0)
 
@@ -376,17 +396,33 @@ def from_hf_config(cfg: dict[str, Any], field: str = "--model") -> ModelSpec:
             dropout=_hf_dropout(cfg, "resid_pdrop", "attn_pdrop", "embd_pdrop"),
             tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", True),
         )
-    # Llama family and look-alikes: RMSNorm, SwiGLU, rotary, no biases.
-    act = cfg.get("hidden_act", "silu")
+    # Llama family and look-alikes: RMSNorm, a gated MLP (SwiGLU; Gemma's GeGLU), rotary, no biases.
+    if "gemma" in mtype and mtype != "gemma":
+        # Gemma 2 and 3 add norms after attention and MLP (and Gemma 3 on Q and K), sliding-window
+        # layers and logit soft-capping: other parameter counts and costs than this branch models.
+        raise ConfigError(f"{field} key 'model_type'", f"{mtype!r} is not modelled (only Gemma 1, 'gemma')",
+                          "write a paratrain model file (activation geglu, head_size) for an estimate")
+    gemma = mtype == "gemma"
+    # Gemma's MLP is GeGLU with the tanh approximation whatever its released configs say ("gelu"):
+    # transformers' Gemma read hidden_activation first (default gelu_pytorch_tanh), and its
+    # GemmaConfig now turns hidden_act "gelu" into "gelu_pytorch_tanh" (transformers PR 29402).
+    # Outside Gemma, HF's gated MLP ACT2FN["gelu"] is the erf form, which paratrain does not model.
+    act_key = "hidden_activation" if gemma and cfg.get("hidden_activation") is not None else "hidden_act"
+    act = cfg.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
+    if gemma and str(act).lower() == "gelu":
+        act = "gelu_pytorch_tanh"
     return ModelSpec(
         **common,
         kv_heads=cfg.get("num_key_value_heads") or None,
         ffn=get("intermediate_size"),
+        # HF reads head_dim when set; Gemma-7B's 256 is not hidden/heads (3072/16)
+        head_size=cfg.get("head_dim") or None,
         seq=get("max_position_embeddings", default=4096),
         norm=Norm.RMSNORM if "rms_norm_eps" in cfg else Norm.LAYERNORM,
-        activation=_hf_activation(act, field, "hidden_act", gated=True),
+        activation=_hf_activation(act, field, act_key, gated=True),
         position=Position.ROTARY,
-        tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", False),
+        # GemmaConfig ties the LM head to the embedding by default, LlamaConfig does not
+        tied_embeddings=_hf_bool(cfg, "tie_word_embeddings", gemma),
         bias=_hf_bool(cfg, "attention_bias", False) or _hf_bool(cfg, "mlp_bias", False),
         norm_eps=cfg.get("rms_norm_eps", cfg.get("layer_norm_eps")),
         pad_token=_hf_pad(cfg.get("pad_token_id"), common["vocab"]),
@@ -422,17 +458,23 @@ def _hf_bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
 # HF's activation names: "gelu" is the erf form, the tanh approximation has several names.
 _HF_ACTIVATIONS = {"gelu": Activation.GELU_EXACT, "relu": Activation.RELU, "gelu_new": Activation.GELU,
                    "gelu_pytorch_tanh": Activation.GELU, "gelu_fast": Activation.GELU}
-# The Llama family's gated MLP: SiLU (swish) in the gate is SwiGLU.
-_HF_GATED = {"silu": Activation.SWIGLU, "swish": Activation.SWIGLU, "swiglu": Activation.SWIGLU}
+# The Llama family's gated MLP ``down(act(gate x) · up x)``: SiLU (swish) in the gate is SwiGLU,
+# the tanh-approximated GELU is GeGLU. The erf GELU ("gelu" outside Gemma) and ReLU would be other
+# gated variants, which paratrain does not model, so they are errors rather than a non-gated MLP.
+_HF_GATED = {"silu": Activation.SWIGLU, "swish": Activation.SWIGLU, "swiglu": Activation.SWIGLU,
+             "gelu_pytorch_tanh": Activation.GEGLU, "gelu_new": Activation.GEGLU, "gelu_fast": Activation.GEGLU,
+             "geglu": Activation.GEGLU}
 
 
 def _hf_activation(name: Any, field: str, key: str, *, gated: bool = False) -> Activation:
-    """The activation a HF config's ``key`` names; ConfigError for any other name, which no
-    fallback may stand in for (another function computes other values, and the cost differs)."""
-    known = {**_HF_GATED, **_HF_ACTIVATIONS} if gated else _HF_ACTIVATIONS
+    """The activation a HF config's ``key`` names (``gated``: in a gated MLP); ConfigError for any
+    other name, which no fallback may stand in for (another function computes other values, and
+    the cost differs)."""
+    known = _HF_GATED if gated else _HF_ACTIVATIONS
     act = known.get(str(name).lower()) if isinstance(name, str) else None
     if act is None:
-        raise ConfigError(f"{field} key {key!r}", f"unknown activation {name!r}", f"use one of: {', '.join(known)}")
+        what = "unknown activation for a gated MLP" if gated else "unknown activation"
+        raise ConfigError(f"{field} key {key!r}", f"{what} {name!r}", f"use one of: {', '.join(known)}")
     return act
 
 

@@ -1,7 +1,7 @@
 """Reference decoder-only GPT in plain torch, built from a :class:`ModelSpec`.
 
 Pre-norm blocks (GPT-2, Radford et al. 2019), learned or rotary positions, optional grouped-query
-attention and SwiGLU, LayerNorm or RMSNorm, tied or untied output projection. With the Llama
+attention and a gated MLP (SwiGLU or GeGLU), LayerNorm or RMSNorm, tied or untied output projection. With the Llama
 options (rotary, RMSNorm, SwiGLU, no biases, untied) it is the Llama architecture.
 Parameter count equals ``ModelSpec.param_count()`` exactly (tests/runtime/test_param_count.py).
 

@@ -12,8 +12,10 @@ Families (``config.json``'s ``model_type``) and what their names map to:
 - ``gpt2``: ``transformer.h.{i}.attn.c_attn`` holds Q, K and V side by side, and GPT-2's Conv1D
   stores weights ``[in, out]`` (the transpose of ``nn.Linear``); activation ``gelu_new`` is
   paratrain's tanh-approximated GELU; learned positions; tied head.
-- ``llama``: ``q_proj`` … ``o_proj``, SwiGLU ``down(silu(gate x) * up x)`` (paratrain's
-  ``fc2(silu(gate x) * fc1 x)``), RMSNorm, rotary positions in the rotate-half layout that HF's
+- ``llama``: ``q_proj`` … ``o_proj`` (``head_dim`` may make Q wider than the hidden size), the
+  gated MLP ``down(act(gate x) * up x)`` (paratrain's ``fc2(act(gate x) * fc1 x)``): SwiGLU with
+  ``hidden_act`` silu, GeGLU with gelu_pytorch_tanh (HF's LlamaMLP applies ``ACT2FN[hidden_act]``
+  in the gate), RMSNorm, rotary positions in the rotate-half layout that HF's
   Llama checkpoints use (paratrain's too), untied or tied head.
 - ``bert``: post-norm blocks, token-type embeddings (two types), embedding LayerNorm, the MLM
   transform (dense, activation, LayerNorm) and the decoder's own bias ``cls.predictions.bias``.
@@ -53,7 +55,10 @@ _ARCHITECTURES = {
 # HF activation names -> paratrain's; gelu_new and gelu_pytorch_tanh are the tanh approximation
 _ACTIVATIONS = {"gelu_new": Activation.GELU, "gelu_pytorch_tanh": Activation.GELU, "gelu": Activation.GELU_EXACT,
                 "relu": Activation.RELU}
-_HF_ACTIVATION = {Activation.GELU: "gelu_new", Activation.GELU_EXACT: "gelu", Activation.RELU: "relu"}
+_HF_ACTIVATION = {Activation.GELU: "gelu_new", Activation.GELU_EXACT: "gelu", Activation.RELU: "relu",
+                  Activation.SWIGLU: "silu", Activation.GEGLU: "gelu_pytorch_tanh"}
+# the llama family's gated activations (hidden_act, in the gate) that paratrain's gated MLP computes
+_GATED_ACTIVATIONS = {"silu": Activation.SWIGLU, "gelu_pytorch_tanh": Activation.GEGLU, "gelu_new": Activation.GEGLU}
 _MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own bound on a header
 
 
@@ -73,18 +78,19 @@ class Piece:
 
 def family_of(spec: ModelSpec, field: str = "--hf") -> str:
     """The HF family whose modelling code computes what ``spec``'s paratrain model computes."""
-    dense = spec.activation is not Activation.SWIGLU and spec.num_kv_heads == spec.heads
+    # GPT-2's and BERT's configs have no head_dim: their Q is as wide as the hidden size
+    dense = not spec.activation.gated and spec.num_kv_heads == spec.heads and spec.q_dim == spec.hidden
     if spec.arch is Arch.BERT:
         if dense and spec.norm is Norm.LAYERNORM and spec.bias:
             return "bert"
     elif spec.position is Position.LEARNED and spec.norm is Norm.LAYERNORM and spec.bias and dense:
         return "gpt2"
-    elif spec.position is Position.ROTARY and spec.norm is Norm.RMSNORM and spec.activation is Activation.SWIGLU:
+    elif spec.position is Position.ROTARY and spec.norm is Norm.RMSNORM and spec.activation.gated:
         return "llama"
     raise ConfigError(field, f"model {spec.name!r} ({spec.arch}, {spec.position} positions, {spec.norm}, "
                       f"{spec.activation}, bias={spec.bias}) has no Hugging Face counterpart",
                       "HF export covers GPT-2 (learned positions, LayerNorm, biases), Llama (rotary, RMSNorm, "
-                      "SwiGLU) and BERT models")
+                      "SwiGLU or GeGLU) and BERT models")
 
 
 def check_hf_config(cfg: Mapping[str, Any], field: str = "--model") -> str:
@@ -114,15 +120,12 @@ def check_hf_config(cfg: Mapping[str, Any], field: str = "--model") -> str:
             if bool(cfg.get(key, want)) != want:
                 raise unsupported(key, cfg.get(key), f"{key} {str(want).lower()}")
     elif mtype == "llama":
-        if str(cfg.get("hidden_act", "silu")) != "silu":
-            raise unsupported("hidden_act", cfg.get("hidden_act"), "silu (SwiGLU)")
+        if str(cfg.get("hidden_act", "silu")) not in _GATED_ACTIVATIONS:
+            raise unsupported("hidden_act", cfg.get("hidden_act"), "silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)")
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
             raise unsupported("rope_parameters", kind, "the default rotary embedding (no scaling)")
-        heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-        if cfg.get("head_dim") not in (None, hidden // heads if heads and hidden else None):
-            raise unsupported("head_dim", cfg.get("head_dim"), "head_dim = hidden_size / num_attention_heads")
         if bool(cfg.get("attention_bias", False)) != bool(cfg.get("mlp_bias", False)):
             raise unsupported("attention_bias", cfg.get("attention_bias"), "attention_bias equal to mlp_bias")
     else:
@@ -162,11 +165,11 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.layers):
         b = f"blocks.{i}"
         norm(f"{b}.norm1")
-        for name, n_out in (("q", h), ("k", kv), ("v", kv), ("o", h)):
-            linear(f"{b}.attn.{name}", n_out, h, spec.bias)
+        for name, n_out, n_in in (("q", spec.q_dim, h), ("k", kv, h), ("v", kv, h), ("o", h, spec.q_dim)):
+            linear(f"{b}.attn.{name}", n_out, n_in, spec.bias)
         norm(f"{b}.norm2")
         linear(f"{b}.mlp.fc1", f, h, spec.bias)
-        if spec.activation is Activation.SWIGLU:
+        if spec.activation.gated:
             linear(f"{b}.mlp.gate", f, h, spec.bias)
         linear(f"{b}.mlp.fc2", h, f, spec.bias)
     if spec.arch is Arch.BERT:
@@ -435,7 +438,8 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
                 "hidden_size": spec.hidden, "intermediate_size": spec.ffn_size, "num_hidden_layers": spec.layers,
                 "num_attention_heads": spec.heads, "num_key_value_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim, "hidden_act": "silu", "max_position_embeddings": spec.seq,
+                "head_dim": spec.head_dim, "hidden_act": _HF_ACTIVATION[spec.activation],
+                "max_position_embeddings": spec.seq,
                 "rms_norm_eps": 1e-6 if eps is None else eps,
                 "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
                 "attention_bias": spec.bias, "mlp_bias": spec.bias, "tie_word_embeddings": spec.tied_embeddings,

@@ -78,14 +78,14 @@ class Attention(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        h, kv = spec.hidden, spec.kv_dim
+        h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim  # q = h unless head_size widens the heads
         self.head_dim = spec.head_dim
         self.q_per_kv = spec.heads // spec.num_kv_heads
         self.causal = spec.is_causal
-        self.q = nn.Linear(h, h, bias=spec.bias)
+        self.q = nn.Linear(h, q, bias=spec.bias)
         self.k = nn.Linear(h, kv, bias=spec.bias)
         self.v = nn.Linear(h, kv, bias=spec.bias)
-        self.o = nn.Linear(h, h, bias=spec.bias)
+        self.o = nn.Linear(q, h, bias=spec.bias)
         # context parallelism: ring attention over this rank's cp group (runtime.context_parallel.Ring,
         # called as ring(q, k, v)); None: the whole sequence is here
         self.ring: Any = None
@@ -111,19 +111,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Feed-forward block: ``fc2(act(fc1 x))``, or SwiGLU ``fc2(silu(gate x) * fc1 x)`` (Shazeer 2020)."""
+    """Feed-forward block: ``fc2(act(fc1 x))``, or gated (Shazeer 2020): SwiGLU ``fc2(silu(gate x) * fc1 x)``,
+    GeGLU ``fc2(gelu_tanh(gate x) * fc1 x)``."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         h, f = spec.hidden, spec.ffn_size
         self.spec = spec
         self.fc1 = nn.Linear(h, f, bias=spec.bias)
-        self.gate = nn.Linear(h, f, bias=spec.bias) if spec.activation is Activation.SWIGLU else None
+        self.gate = nn.Linear(h, f, bias=spec.bias) if spec.activation.gated else None
         self.fc2 = nn.Linear(f, h, bias=spec.bias)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
-            return self.fc2(F.silu(self.gate(x_BSH)) * self.fc1(x_BSH))
+            g = self.gate(x_BSH)
+            g = F.silu(g) if self.spec.activation is Activation.SWIGLU else F.gelu(g, approximate="tanh")
+            return self.fc2(g * self.fc1(x_BSH))
         return self.fc2(activation(self.spec, self.fc1(x_BSH)))
 
 
