@@ -82,3 +82,21 @@ def test_readme_figures_match_the_code() -> None:
     assert len(regen.find_blocks(text.splitlines())) >= 5, "the README's quoted outputs should be regen blocks"
     diff = regen.stale_diff()
     assert diff == "", "README figures differ from what the code prints; run `python docs/regen.py`:\n" + diff[:6000]
+
+
+def test_the_stated_shape_limits_are_the_code_s():
+    """The README's list of model-shape limits names every field of ``SHAPE_LIMITS`` with its value."""
+    import re
+
+    from paratrain.spec.model import SHAPE_LIMITS
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    start = text.index("a model's `layers`")
+    sentence = text[start:text.index("(`spec.model.SHAPE_LIMITS`)", start)]
+    stated: dict[str, int] = {}
+    # "`a`, `b` and `c` ≤ 2^16": every field named before a bound takes it
+    for names, bound in re.findall(r"((?:`\w+`(?:, | and )?)+) ≤ (2\^\d+|[\d,]+)", sentence):
+        value = 2 ** int(bound[2:]) if bound.startswith("2^") else int(bound.replace(",", ""))
+        for name in re.findall(r"`(\w+)`", names):
+            stated[name] = value
+    assert stated == SHAPE_LIMITS
