@@ -65,16 +65,18 @@ def test_fp8_doubles_the_rate_of_a_compute_bound_gemm_but_not_of_the_rest():
         assert op_time_split(fp8[name], H100, "bf16") == op_time_split(bf16[name], H100, "bf16")
 
 
-def _cast_bytes_by_hand(x: int, w: int, y: int, e: int, delayed: bool, fused: bool) -> tuple[int, int]:
-    """Tensor by tensor: amax pass (current scaling only) + cast (+ transposed copies)."""
-    fwd = bwd = 0
-    for n in (x, w):  # the forward casts the input and the weight
-        fwd += 0 if delayed else n * e  # amax: read
-        fwd += n * e + n  # cast: read bf16, write fp8
-        fwd += n if fused else 0  # the transposed copy written by the same kernel
+def _cast_bytes_by_hand(x: int, w: int, y: int, e: int, delayed: bool, fused: bool,
+                        reuse: int = 1) -> tuple[float, float]:
+    """Tensor by tensor: amax pass (current scaling only) + cast (+ transposed copies). A weight
+    cast that serves ``reuse`` forward passes is charged 1/reuse of its bytes in each."""
+    fwd = bwd = 0.0
+    for n, share in ((x, 1), (w, reuse)):  # the forward casts the input and the weight
+        fwd += (0 if delayed else n * e) / share  # amax: read
+        fwd += (n * e + n) / share  # cast: read bf16, write fp8
+        fwd += (n if fused else 0) / share  # the transposed copy written by the same kernel
     bwd += (0 if delayed else y * e) + y * e + y + (y if fused else 0)  # output gradient
     if not fused:  # separate transposes of W (input gradient), x and dy (weight gradient): read 1, write 1
-        bwd += 2 * w + 2 * x + 2 * y
+        bwd += 2 * w / reuse + 2 * x + 2 * y
     return fwd, bwd
 
 
@@ -83,6 +85,28 @@ def _cast_bytes_by_hand(x: int, w: int, y: int, e: int, delayed: bool, fused: bo
 def test_cast_pass_bytes_match_a_tensor_by_tensor_count(delayed, fused):
     x, w, y = 8192 * 4096, 4096 * 14336, 8192 * 14336
     assert fp8_cast_bytes(x, w, y, 2, delayed=delayed, fused=fused) == _cast_bytes_by_hand(x, w, y, 2, delayed, fused)
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("reuse", [2, 16, 128])
+def test_a_cached_weight_cast_is_shared_by_the_passes_it_serves(delayed, fused, reuse):
+    x, w, y = 8192 * 4096, 4096 * 14336, 8192 * 14336
+    got = fp8_cast_bytes(x, w, y, 2, delayed=delayed, fused=fused, weight_reuse=reuse)
+    assert got == pytest.approx(_cast_bytes_by_hand(x, w, y, 2, delayed, fused, reuse), rel=1e-15)
+    # ``reuse`` passes together cast the weight exactly once: their bytes beyond the input's and
+    # the output gradient's casts add up to one uncached pass's weight share
+    no_weight = fp8_cast_bytes(x, 0, y, 2, delayed=delayed, fused=fused)
+    once = fp8_cast_bytes(x, w, y, 2, delayed=delayed, fused=fused)
+    for i in (0, 1):
+        assert reuse * (got[i] - no_weight[i]) == pytest.approx(once[i] - no_weight[i], rel=1e-12)
+
+
+def test_weight_reuse_must_be_a_positive_whole_number():
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError) as err:
+            fp8_cast_bytes(8, 8, 8, 2, delayed=False, fused=True, weight_reuse=bad)
+        assert err.value.field == "weight_reuse"
 
 
 def test_cast_op_of_a_layer_uses_its_gemm_shape_and_counts_its_kernels():
@@ -95,6 +119,63 @@ def test_cast_op_of_a_layer_uses_its_gemm_shape_and_counts_its_kernels():
     current = {op.name: op for op in layer_ops(LLAMA, microbatch=2, fused=False, gemm_dtype="fp8")}["fc1_fp8_cast"]
     assert op_kernels(current) == (4, 2 + 3, 0)  # amax + cast each; then three transposes
     assert current.fwd_flops == 0  # memory passes only
+    # cached weights: a forward launches the input's cast alone, the backward no weight transpose
+    cached = {op.name: op for op in layer_ops(LLAMA, microbatch=2, fused=False, gemm_dtype="fp8",
+                                              fp8_weight_reuse=8)}["fc1_fp8_cast"]
+    assert op_kernels(cached) == (2, 2 + 2, 0)
+    assert (cached.fwd_bytes, cached.bwd_bytes) == pytest.approx(
+        fp8_cast_bytes(m * k, k * n, m * n, 2, delayed=False, fused=False, weight_reuse=8))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_with_the_weight_cache_a_step_casts_each_weight_once(recompute):
+    # m micro-batches; full recomputation runs every layer's forward twice per micro-batch, and
+    # both passes use the cached weights: each pass is charged 1/(m·passes) of the cast.
+    from paratrain.cost.stage import fp8_weight_reuse
+
+    m = 12
+    cfg = ParallelConfig(dp=8, microbatch=1, global_batch=8 * m, gemm_dtype="fp8", fp8_weight_cache=True,
+                         recompute=recompute, attention="flash")
+    passes = 2 if recompute == "full" else 1
+    assert fp8_weight_reuse(cfg) == m * passes
+    assert fp8_weight_reuse(dataclasses.replace(cfg, fp8_weight_cache=False)) == 1
+    ops = {op.name: op for op in layer_ops(LLAMA, gemm_dtype="fp8", attention="flash",
+                                           fp8_weight_reuse=fp8_weight_reuse(cfg))}
+    plain = {op.name: op for op in layer_ops(LLAMA, gemm_dtype="fp8", attention="flash")}
+    for name in ("qkv", "attn_proj", "fc1", "fc2"):
+        mm, nn, kk = plain[name].gemm
+        weight_once = plain[f"{name}_fp8_cast"].fwd_bytes - fp8_cast_bytes(mm * kk, 0, mm * nn, 2, delayed=False,
+                                                                           fused=False)[0]
+        per_step = m * passes * (ops[f"{name}_fp8_cast"].fwd_bytes - (plain[f"{name}_fp8_cast"].fwd_bytes
+                                                                      - weight_once))
+        assert per_step == pytest.approx(weight_once, rel=1e-12)
+
+
+def test_the_weight_cache_makes_a_step_faster_and_changes_nothing_for_a_single_pass():
+    cluster = resolve_cluster("dgx-h100").resized(gpus=8)
+    many = ParallelConfig(dp=8, microbatch=1, global_batch=64, gemm_dtype="fp8", attention="flash")
+    (uncached,) = chunk_costs(LLAMA, cluster, many, fused=True)
+    (cached,) = chunk_costs(LLAMA, cluster, dataclasses.replace(many, fp8_weight_cache=True), fused=True)
+    assert cached.forward_s < uncached.forward_s
+    assert cached.backward_s == uncached.backward_s  # the output gradient's cast is not cached
+    assert cached.model_flops == uncached.model_flops
+    # unfused casts transpose the weight in the backward: that copy is cached too
+    (uncached,) = chunk_costs(LLAMA, cluster, many)
+    (cached,) = chunk_costs(LLAMA, cluster, dataclasses.replace(many, fp8_weight_cache=True))
+    assert cached.forward_s < uncached.forward_s and cached.backward_s < uncached.backward_s
+    one = ParallelConfig(dp=8, microbatch=1, global_batch=8, gemm_dtype="fp8", attention="flash")
+    assert chunk_costs(LLAMA, cluster, dataclasses.replace(one, fp8_weight_cache=True)) == chunk_costs(
+        LLAMA, cluster, one)  # one micro-batch, no recomputation: the one cast is the cached one
+
+
+def test_the_weight_cache_needs_fp8_linear_layers():
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig(fp8_weight_cache=True)
+    assert err.value.field == "fp8_weight_cache" and "--gemm-dtype" in err.value.fix
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig(gemm_dtype="fp8", fp8_weight_cache="yes")
+    assert err.value.field == "fp8_weight_cache"
+    assert ParallelConfig.from_dict({"gemm_dtype": "fp8-delayed", "fp8_weight_cache": True}).fp8_weight_cache
 
 
 def test_fp8_in_a_parallel_config_makes_an_h100_step_faster_and_mfu_flops_unchanged():

@@ -105,3 +105,19 @@ def test_library_errors_name_fields_not_flags() -> None:
     with pytest.raises(ConfigError) as err:
         plan(MODEL, cluster, 64, pins=Pins(partition=(1, 2)))
     assert err.value.field == "partition" and "--" not in str(err.value)
+
+
+def test_the_planner_prices_cached_fp8_weights_per_global_batch() -> None:
+    # With the FP8 weight cache a chunk's cost depends on the micro-batches per step (one cast per
+    # step), so two global batches of the same layout must not share a cached chunk cost.
+    from paratrain.plan.search import _cost_key
+
+    cluster = resolve_cluster("dgx-h100").resized(gpus=8)
+    model = preset("llama3-8b")
+    small, large = (ParallelConfig(dp=8, microbatch=1, global_batch=b, gemm_dtype="fp8", fp8_weight_cache=True)
+                    for b in (8, 64))
+    assert _cost_key(small, cluster) != _cost_key(large, cluster)
+    uncached = [ParallelConfig(dp=8, microbatch=1, global_batch=b, gemm_dtype="fp8") for b in (8, 64)]
+    assert _cost_key(uncached[0], cluster) == _cost_key(uncached[1], cluster)
+    # ... as their costs differ: 8 micro-batches share one cast, against one micro-batch
+    assert chunk_costs(model, cluster, large)[0].forward_s < chunk_costs(model, cluster, small)[0].forward_s

@@ -62,3 +62,15 @@ def test_h100_parts_get_their_own_preset(table):
     assert hbm2e.inter_link == clusters["h100"].inter_link  # 400 Gb/s per GPU, as the DGX H100
     (run,) = [r for r in table.runs if r.line == 8]
     assert run_cluster(run, clusters).num_devices == 256
+
+
+def test_megatron_core_rows_cast_their_fp8_weights_once_per_step(table):
+    # Megatron-Core's Transformer Engine modules pass is_first_microbatch (NeMo, Megatron-Bridge);
+    # torchao's Float8 (torchtitan) and Composer's TE calls (MPT) cast the weights every micro-batch.
+    fp8 = {r.line: r for r in table.runs if r.gemm_dtype is not None}
+    cached = {n for n, r in fp8.items() if r.fp8_weight_cache}
+    assert cached == {n for n, r in fp8.items() if r.source in ("nemo-24.07", "megatron-bridge-25.11")}
+    assert {28, 29, 30, 32} <= cached
+    assert not {4, 7, 8, 9, 12, 58} & cached
+    assert all(run_config(r).fp8_weight_cache == r.fp8_weight_cache for r in fp8.values())
+    assert not any(r.fp8_weight_cache for r in table.runs if r.gemm_dtype is None)

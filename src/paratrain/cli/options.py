@@ -202,6 +202,15 @@ GemmDtypeOpt = Annotated[
         rich_help_panel=_P,
     ),
 ]
+Fp8WeightCacheOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--fp8-weight-cache/--no-fp8-weight-cache",
+        help="With --gemm-dtype: cast each FP8 weight once per step and reuse it for the step's other "
+        "micro-batches (Transformer Engine's weight caching, as Megatron-Core runs it); default off.",
+        rich_help_panel=_P,
+    ),
+]
 TpOverlapOpt = Annotated[
     str | None,
     typer.Option(
@@ -233,6 +242,7 @@ FIELD_FLAGS: dict[str, str] = {
     "partition": "--partition",
     "attention": "--attention",
     "gemm_dtype": "--gemm-dtype",
+    "fp8_weight_cache": "--fp8-weight-cache",
     "tp_overlap": "--tp-overlap",
     "cluster.gpus": "--gpus",
     "cluster.nodes": "--nodes",
@@ -369,6 +379,7 @@ def parallel_from_opts(
     sharding: str | None = None,
     gemm_dtype: str | None = None,
     tp_overlap: str | None = None,
+    fp8_weight_cache: bool | None = None,
 ) -> ParallelConfig:
     """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
     if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
@@ -393,6 +404,7 @@ def parallel_from_opts(
         sharding=sharding,
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
+        fp8_weight_cache=fp8_weight_cache,
     )
     if sharding is not None and optimizer_sharding is not None and (
             sharding_level(sharding, "--sharding") != "none") != optimizer_sharding:

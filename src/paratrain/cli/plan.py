@@ -25,6 +25,7 @@ from paratrain.cli.options import (
     DpOpt,
     DropoutOpt,
     FfnOpt,
+    Fp8WeightCacheOpt,
     GemmDtypeOpt,
     GlobalBatchOpt,
     GpusOpt,
@@ -236,6 +237,7 @@ def plan_command(
     density: DensityOpt = None,
     attention: AttentionOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
+    fp8_weight_cache: Fp8WeightCacheOpt = None,
     tp_overlap: TpOverlapOpt = None,
     mesh_order: MeshOrderOpt = None,
     partition: PartitionOpt = None,
@@ -338,6 +340,7 @@ def plan_command(
         tp_across_nodes=tp_across_nodes,
         attention=None if attention is None else attention.lower(),  # case as --schedule and --recompute
         gemm_dtype=gemm_dtype,
+        fp8_weight_cache=bool(fp8_weight_cache),
         tp_overlap="none" if tp_overlap is None else tp_overlap,  # an empty flag is unknown, not "none"
         compressions=_compressions(compress, density),
         compression_density=density if density is not None else 0.01,

@@ -28,6 +28,7 @@ from paratrain.cli.options import (
     DpOpt,
     DropoutOpt,
     FfnOpt,
+    Fp8WeightCacheOpt,
     GemmDtypeOpt,
     GlobalBatchOpt,
     GpusOpt,
@@ -133,6 +134,7 @@ def simulate(
     density: DensityOpt = None,
     attention: AttentionOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
+    fp8_weight_cache: Fp8WeightCacheOpt = None,
     tp_overlap: TpOverlapOpt = None,
     config: Annotated[
         Path | None,
@@ -223,6 +225,7 @@ def simulate(
         attention=attention,
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
+        fp8_weight_cache=fp8_weight_cache,
     )
     check_density_applies(cfg.compression, density)  # after a run document's compression
     if gpus is not None and cfg.world_size != gpus:

@@ -141,13 +141,14 @@ def _flash_op(model: ModelSpec, b: int, heads_r: int, q_r: int, kv_r: int, e: in
 @lru_cache(maxsize=4096)
 def _layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None,
+    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None, fp8_weight_reuse: int = 1,
 ) -> tuple[Op, ...]:
     """Operators of one transformer layer on one tensor-parallel rank, in execution order.
 
     ``dtype`` defaults to the model's; ``attention`` is ``"math"`` or ``"flash"`` (module docstring).
     ``gemm_dtype`` "fp8" / "fp8-delayed": the four linear GEMMs in FP8, each after its cast kernels
-    (:func:`paratrain.cost.fp8.fp8_cast_bytes`). Cached: callers get a tuple they must not rely on mutating.
+    (:func:`paratrain.cost.fp8.fp8_cast_bytes`; ``fp8_weight_reuse``: forward passes one cast of the
+    weights serves). Cached: callers get a tuple they must not rely on mutating.
     """
     if attention not in ATTENTION_KINDS:
         raise ConfigError("attention", f"unknown attention {attention!r}", f"use one of: {', '.join(ATTENTION_KINDS)}")
@@ -170,7 +171,7 @@ def _layer_ops(
         ops.extend(_math_attention_ops(model, b, heads_r, e, fused, drop))
     ops.append(_gemm_op("attn_proj", tokens, h, q_r, e, weight=True))
     out = tuple(ops) + _mlp_ops(model, tokens, tokens_sp, f_r, e, fused)
-    return _fp8_linears(out, e, gemm_dtype, fused) if gemm_dtype in FP8_GEMM_DTYPES else out
+    return _fp8_linears(out, e, gemm_dtype, fused, fp8_weight_reuse) if gemm_dtype in FP8_GEMM_DTYPES else out
 
 
 def _math_attention_ops(model: ModelSpec, b: int, heads_r: int, e: int, fused: bool, drop: bool) -> list[Op]:
@@ -284,17 +285,19 @@ def _head_ops(
 
 def layer_ops(
     model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False, microbatch: int = 1, fused: bool = False,
-    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None,
+    dtype: str | None = None, attention: str = "math", gemm_dtype: str | None = None, fp8_weight_reuse: int = 1,
 ) -> list[Op]:
     """Operators of one transformer layer on one tensor-parallel rank for one micro-batch, in order.
 
     ``fused`` models Megatron-LM's fused kernels (scale-mask-softmax, bias-GeLU, bias-dropout-add):
     same FLOPs, fewer bytes. ``dtype`` defaults to the model's. ``attention``: ``"math"`` (explicit
     ``s×s`` kernels) or ``"flash"`` (one fused kernel per pass). ``gemm_dtype``: ``"fp8"`` or
-    ``"fp8-delayed"`` runs the linear layers' GEMMs in FP8 (``None``: the training dtype).
+    ``"fp8-delayed"`` runs the linear layers' GEMMs in FP8 (``None``: the training dtype);
+    ``fp8_weight_reuse``: forward passes that one FP8 cast of the weights serves (cached weights).
     """
     return list(_layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch,
-                           fused=fused, dtype=dtype, attention=attention, gemm_dtype=gemm_dtype))
+                           fused=fused, dtype=dtype, attention=attention, gemm_dtype=gemm_dtype,
+                           fp8_weight_reuse=fp8_weight_reuse))
 
 
 def embedding_ops(

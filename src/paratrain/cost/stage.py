@@ -105,14 +105,16 @@ def _sum_ops(ops: tuple[Op, ...], device: DeviceSpec, dtype: str, activation: in
 def layer_cost(
     model: ModelSpec, device: DeviceSpec, dtype: str, tp: int, sequence_parallel: bool, microbatch: int,
     recompute: Recompute, fused: bool = False, attention: str = "math", cp: int = 1, gemm_dtype: str | None = None,
+    fp8_weight_reuse: int = 1,
 ) -> PartCost:
     """One transformer layer on one tensor-parallel rank (compute only, no collectives).
 
     ``cp`` > 1: on one context-parallel rank, ``model`` being that rank's
     (:func:`paratrain.cost.context_parallel.local_model`, ``s/cp`` tokens); the ring's transfers
-    are not included."""
+    are not included. ``fp8_weight_reuse``: forward passes one FP8 cast of the weights serves
+    (:func:`paratrain.cost.fp8.fp8_cast_bytes`)."""
     ops = _layer_ops(model, tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype,
-                     attention=attention, gemm_dtype=gemm_dtype)
+                     attention=attention, gemm_dtype=gemm_dtype, fp8_weight_reuse=fp8_weight_reuse)
     act = activation_bytes_per_layer(
         model, microbatch=microbatch, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, dtype=dtype,
         attention=attention, fused=fused, gemm_dtype=gemm_dtype,
@@ -303,7 +305,7 @@ def _ring_comm(
 
 def _overlapped_tp_comm(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], mb: int, dtype: str, fused: bool,
-    attention: str, gemm_dtype: str | None, comm: tuple[float, ...], overlap: str,
+    attention: str, gemm_dtype: str | None, comm: tuple[float, ...], overlap: str, fp8_weight_reuse: int = 1,
 ) -> tuple[float, float, float, float, float, float]:
     """``comm`` with the layer's forward (and with ``overlap`` "userbuffers" its backward) replaced
     by what the fused collectives leave exposed (:mod:`paratrain.cost.async_tp`); the embedding's
@@ -314,7 +316,7 @@ def _overlapped_tp_comm(
                           "use --tp-overlap none here, or plan for a GPU cluster preset (dgx-a100, dgx-h100)")
     act = mb * model.seq * model.hidden * dtype_bytes(dtype)
     ops = _layer_ops(model, tp=len(ranks), sequence_parallel=True, microbatch=mb, fused=fused, dtype=dtype,
-                     attention=attention, gemm_dtype=gemm_dtype)
+                     attention=attention, gemm_dtype=gemm_dtype, fp8_weight_reuse=fp8_weight_reuse)
     fwd, bwd = layer_exposed_s(ops, cluster.device, dtype, len(ranks), collective_s(cluster, ranks, "all_gather", act),
                                collective_s(cluster, ranks, "reduce_scatter", act))
     _, plain_bwd, ef, eb, hf, hb = comm
@@ -325,13 +327,14 @@ def _overlapped_tp_comm(
 def _bundle(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
     ranks: tuple[int, ...], attention: str = "math", cp: int = 1, cp_group: tuple[int, ...] = (),
-    gemm_dtype: str | None = None, tp_overlap: str = "none",
+    gemm_dtype: str | None = None, tp_overlap: str = "none", fp8_weight_reuse: int = 1,
 ) -> _Bundle:
     device = cluster.device
-    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention, cp, gemm_dtype)
+    layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention, cp, gemm_dtype, fp8_weight_reuse)
     comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
     if tp_overlap != "none" and tp > 1:
-        comm = _overlapped_tp_comm(model, cluster, ranks, mb, dtype, fused, attention, gemm_dtype, comm, tp_overlap)
+        comm = _overlapped_tp_comm(model, cluster, ranks, mb, dtype, fused, attention, gemm_dtype, comm, tp_overlap,
+                                   fp8_weight_reuse)
     cp_comm, cp_buffer = _ring_comm(model, cluster, layer, dtype, tp, mb, cp, cp_group)
     if rc is Recompute.FULL:
         rec, rec_comm = layer.forward_s + comm[0] + cp_comm[0], comm[0]  # the ring runs again too
@@ -393,6 +396,17 @@ def _fsdp_units(
     return units
 
 
+def fp8_weight_reuse(config: ParallelConfig) -> int:
+    """Forward passes of a layer that one FP8 cast of its weights serves: 1, or with
+    ``config.fp8_weight_cache`` every forward of the step — one per micro-batch, two under full
+    recomputation (the recomputed forward reuses the cache too) — so that a step casts each weight
+    once (:func:`paratrain.cost.fp8.fp8_cast_bytes`). Selective recomputation recomputes no linear
+    layer."""
+    if not config.fp8_weight_cache:
+        return 1
+    return config.num_microbatches * (2 if config.recompute is Recompute.FULL else 1)
+
+
 def chunk_costs(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, fused: bool = False
 ) -> list[ChunkCost]:
@@ -422,7 +436,8 @@ def chunk_costs(
     # Each context-parallel rank holds s/cp tokens of every sequence (cost.context_parallel).
     bd = _bundle(local_model(model, config.cp), cluster, config.dtype, config.tp, config.sequence_parallel,
                  config.microbatch, config.recompute, fused, ranks, attention, config.cp, cp_group,
-                 gemm_dtype=config.gemm_dtype, tp_overlap=config.tp_overlap)
+                 gemm_dtype=config.gemm_dtype, tp_overlap=config.tp_overlap,
+                 fp8_weight_reuse=fp8_weight_reuse(config))
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
     cp_f, cp_b = bd.cp_comm
     cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0

@@ -31,6 +31,7 @@ __all__ = [
     "Recompute",
     "SHARDINGS",
     "TP_OVERLAPS",
+    "check_fp8_weight_cache",
     "check_tp_overlap_name",
     "ScheduleName",
     "mesh_order_of",
@@ -129,6 +130,14 @@ def sharding_level(value: Any, field: str = "sharding") -> str:
 TP_OVERLAPS = ("none", "async", "userbuffers")
 
 
+def check_fp8_weight_cache(cache: Any, gemm_dtype: str | None) -> None:
+    """``fp8_weight_cache`` must be a boolean, and true only beside FP8 linear layers."""
+    require_bool("fp8_weight_cache", cache)
+    if cache and gemm_dtype is None:
+        raise ConfigError("fp8_weight_cache", "caches the FP8 copies of the weights, and the linear layers run in "
+                          "the training dtype", "add --gemm-dtype fp8 or fp8-delayed, or drop --fp8-weight-cache")
+
+
 def check_tp_overlap_name(value: Any, field: str = "tp_overlap") -> None:
     """A ConfigError unless ``value`` is one of :data:`TP_OVERLAPS`."""
     if value not in TP_OVERLAPS:
@@ -183,6 +192,10 @@ class ParallelConfig:
     # "fp8-delayed" with delayed scaling (Transformer Engine's default); attention, norms, the LM head
     # and the rest stay in the training dtype (cost.fp8: the cast passes).
     gemm_dtype: str | None = None
+    # Transformer Engine's FP8 weight caching (its modules' ``is_first_microbatch``, which
+    # Megatron-Core passes): the weights' scaling and cast to FP8 run on a step's first micro-batch
+    # only and the later ones reuse the cached copies. Needs gemm_dtype (cost.fp8).
+    fp8_weight_cache: bool = False
     # Context parallelism: each of ``cp`` ranks holds 1/cp of every sequence and runs ring attention
     # (cost.context_parallel); parameters are replicated over cp. Run by runtime.context_parallel.
     cp: int = 1
@@ -230,6 +243,7 @@ class ParallelConfig:
             raise ConfigError("gemm_dtype", f"unknown GEMM dtype {self.gemm_dtype!r}",
                               "use fp8 (current scaling) or fp8-delayed (delayed scaling); leave it out for the "
                               "training dtype")
+        check_fp8_weight_cache(self.fp8_weight_cache, self.gemm_dtype)
         object.__setattr__(self, "schedule", parse_enum(ScheduleName, "schedule", self.schedule))
         object.__setattr__(self, "recompute", parse_enum(Recompute, "recompute", self.recompute))
         _check_compression(self)

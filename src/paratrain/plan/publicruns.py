@@ -18,8 +18,9 @@ How a row becomes a prediction:
   H100 part has its own calibration;
 - **precision**: FP8 rows run the linear layers' GEMMs in FP8 (``ParallelConfig.gemm_dtype``):
   current scaling for torchao's Float8 and Megatron-Bridge's FP8-CS, delayed scaling for
-  Transformer Engine's default recipe (NeMo, Composer's ``amp_fp8``); Megatron rows keep their
-  interleaved schedule (``virtual_stages``) and fused kernels;
+  Transformer Engine's default recipe (NeMo, Composer's ``amp_fp8``); the Megatron-Core rows
+  (NeMo, Megatron-Bridge) cast each FP8 weight once per step (:func:`_fp8_weight_cache`); Megatron
+  rows keep their interleaved schedule (``virtual_stages``) and fused kernels;
 - **data parallelism**: FSDP (FULL_SHARD, FSDP2) and SHARD_GRAD_OP through
   :func:`paratrain.cost.sharding.fsdp_microbatch_s`, gradients reduced in fp32 (torchtitan's
   ``mixed_precision_reduce`` default, Composer's ``DEFAULT`` mixed precision; ``PURE`` reduces in
@@ -125,6 +126,7 @@ class PublicRun:
     virtual_stages: int = 1  # > 1: Megatron's interleaved schedule
     cp: int = 1  # context parallelism (ring attention; cost.context_parallel)
     tp_overlap: str = "none"  # TP collectives overlapped with their GEMMs (cost.async_tp; _tp_overlap)
+    fp8_weight_cache: bool = False  # FP8 weights cast once per step (Transformer Engine; _fp8_weight_cache)
 
     @property
     def time_s(self) -> float:
@@ -228,6 +230,16 @@ def _fp8_scaling(opts: str) -> str:
     return "fp8" if "current scaling" in o or "float8" in o else "fp8-delayed"
 
 
+def _fp8_weight_cache(opts: str, gemm_dtype: str | None) -> bool:
+    """Whether the FP8 weights were cast once per step and cached for the step's other micro-batches
+    (``ParallelConfig.fp8_weight_cache``): Megatron-Core's Transformer Engine modules pass TE its
+    ``is_first_microbatch`` flag (``megatron/core/extensions/transformer_engine.py``: each module's
+    forward hands ``self.is_first_microbatch`` to TE, then clears it; the schedules set it again at
+    each step's start), so the NeMo and Megatron-Bridge rows cache. torchao's Float8 (torchtitan)
+    has no such cache, and Composer calls TE's modules without the flag (MPT's FP8 row)."""
+    return gemm_dtype is not None and "megatron-core" in opts.lower()
+
+
 # Megatron pads the vocabulary to a multiple of 128 × tp (``--make-vocab-size-divisible-by``); the
 # GPT-3 rows that leave the vocabulary open use GPT-2's BPE (50,257 tokens), as GPT-3 did (Brown et
 # al. 2020, sec. 2.1).
@@ -296,6 +308,7 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
             seq=_int(row, "seq", where), tp=tp, pp=pp, dp=dp, cp=cp,
             vocab=_int(row, "vocab", where) if row["vocab"].strip() or family != "gpt3" else _padded_gpt2_vocab(tp),
             gemm_dtype=gemm_dtype, virtual_stages=vs, tp_overlap=_tp_overlap(src, family, row["other_opts"], tp),
+            fp8_weight_cache=_fp8_weight_cache(row["other_opts"], gemm_dtype),
             microbatch=_int(row, "microbatch", where), global_batch=_int(row, "global_batch", where),
             recompute=_recompute(row["activation_recompute"]), attention=attention, sharding=sharding,
             reduce_bytes=2 if pure else _FSDP_REDUCE_BYTES, sequence_parallel=tp > 1, fused=_fused(row["other_opts"]),
@@ -337,7 +350,7 @@ def run_config(run: PublicRun) -> ParallelConfig:
         recompute=rc,
         sequence_parallel=run.sequence_parallel, dtype="bf16", attention=run.attention, gemm_dtype=run.gemm_dtype,
         schedule="interleaved" if run.virtual_stages > 1 else "1f1b", virtual_stages=run.virtual_stages,
-        tp_overlap=run.tp_overlap,
+        tp_overlap=run.tp_overlap, fp8_weight_cache=run.fp8_weight_cache,
     )
 
 

@@ -166,6 +166,9 @@ def winner_breakdown(
         ("schedule", sched),
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
+        *([("linear GEMMs", f"{cfg.gemm_dtype}" + (", weights cast once per step (cached)" if cfg.fp8_weight_cache
+                                                   else ", weights cast every micro-batch"))]
+          if cfg.gemm_dtype is not None else []),
         *([("tensor-parallel overlap", {"async": "async (torch's async TP: the forward's collectives)",
                                         "userbuffers": "userbuffers (forward and backward)"}[cfg.tp_overlap])]
           if cfg.tp_overlap != "none" else []),

@@ -156,6 +156,7 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
         config.attention,
         config.gemm_dtype,
         config.tp_overlap,
+        config.fp8_weight_cache and config.num_microbatches,  # cached FP8 weights: one cast per step
         None if tp_inner else config.mesh_order,
         config.schedule is ScheduleName.ZB_H1,
     )

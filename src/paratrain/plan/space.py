@@ -20,6 +20,7 @@ from paratrain.parallel.config import (
     ParallelConfig,
     Recompute,
     ScheduleName,
+    check_fp8_weight_cache,
     check_tp_overlap_name,
     mesh_order_of,
     sharding_level,
@@ -110,6 +111,7 @@ class Pins:
     tp_across_nodes: bool = False  # allow tensor-parallel groups that leave the node
     attention: str | None = None  # flash or math; None: what the device runs
     gemm_dtype: str | None = None  # fp8 / fp8-delayed: FP8 linear layers (ParallelConfig.gemm_dtype)
+    fp8_weight_cache: bool = False  # ParallelConfig.fp8_weight_cache: FP8 weights cast once per step
     # ParallelConfig.tp_overlap: every candidate with tp > 1 runs it, with sequence parallelism
     tp_overlap: str = "none"
     # gradient reductions weighed against each other where dp > 1 (ParallelConfig.compression)
@@ -117,6 +119,7 @@ class Pins:
     compression_density: float = 0.01
 
     def __post_init__(self) -> None:
+        check_fp8_weight_cache(self.fp8_weight_cache, self.gemm_dtype)
         check_tp_overlap_name(self.tp_overlap)
         if self.tp_overlap != "none" and self.sequence_parallel is False:
             raise ConfigError("tp_overlap", f"{self.tp_overlap} overlap splits sequence parallelism's collectives, "
@@ -324,6 +327,7 @@ def variants(
                             dtype=model.dtype,
                             attention=pins.attention,
                             gemm_dtype=pins.gemm_dtype,
+                            fp8_weight_cache=pins.fp8_weight_cache,
                             tp_overlap=pins.tp_overlap if layout.tp > 1 else "none",
                             compression=comp,
                             compression_density=pins.compression_density,
