@@ -139,6 +139,8 @@ FILES = {
         _SCHED["actions"][1]]),
     # run documents for `simulate --config`
     "run_ok.json": lambda d: json.dumps({"config": RUN}),
+    "run_fp8.json": lambda d: json.dumps({"config": {"parallel": {"dp": 2, "microbatch": 1, "global_batch": 8,
+                                                                  "gemm_dtype": "fp8"}, "model": "gpt-tiny"}}),
     "run_extra_key.json": lambda d: json.dumps({"config": {**RUN, "schedule": "1f1b"}}),
     "run_config_list.json": lambda d: json.dumps({"config": [1]}),
     "run_powersgd.json": lambda d: json.dumps({"config": {**RUN, "parallel": {**RUN["parallel"], "dp": 2,

@@ -85,6 +85,9 @@ CASES = [
     # a density with no compressor to weigh would be ignored
     ("plan-density-without-compress", ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "64",
                                        "--density", "0.05"], "--density"),
+    # the cost model prices FP8 linear layers; the runtime would train them in the training dtype
+    ("train-fp8-config", ["train", "--config", "{tmp}/run_fp8.json", "--nproc", "2", "--steps", "1"],
+     "--gemm-dtype: paratrain train does not run fp8 linear layers"),
     ("train-density-without-compress", ["train", "--density", "0.1", "--steps", "1"],
      "--density: sets the fraction a gradient compressor keeps, and none is chosen"),
     # ... and so would one for PowerSGD, low-rank (a fixed rank; no flag sets it)

@@ -24,6 +24,8 @@ LAYOUTS = {  # name -> (layout, a word of the refusal or None)
     "dp2-pp2-zero3-zb": (dict(dp=2, pp=2, sharding="zero3", schedule="zb-h1", global_batch=8), None),
     "dp2-pp2-zero3-pipedream": (dict(dp=2, pp=2, sharding="zero3", schedule="pipedream", global_batch=8), "FSDP2"),
     "tp2-sp-async-tp": (dict(tp=2, sequence_parallel=True, tp_overlap="async", global_batch=8), "--tp-overlap"),
+    "dp2-fp8": (dict(dp=2, gemm_dtype="fp8", global_batch=8), "gemm_dtype"),
+    "dp2-fp8-cached": (dict(dp=2, gemm_dtype="fp8-delayed", fp8_weight_cache=True, global_batch=8), "fp8-delayed"),
     "dp2-pp2-zero3-chimera": (dict(dp=2, pp=2, sharding="zero3", schedule="chimera", global_batch=8), None),
     "dp2-pp2-zero1-chimera": (dict(dp=2, pp=2, sharding="zero1", schedule="chimera", global_batch=8), None),
     "dp2-pp2-zero1-2bw": (dict(dp=2, pp=2, sharding="zero1", schedule="2bw", global_batch=8), None),

@@ -354,6 +354,7 @@ def train_refusal(model: ModelSpec, config: ParallelConfig) -> str | None:
         check_model_layout(model, config)
         check_context_parallel(config, train)
         check_tp_overlap(config)
+        check_gemm_dtype(config)
         check_sharding(config, train)
         check_compression(config, train)
     except ConfigError as e:
@@ -369,6 +370,17 @@ def check_tp_overlap(config: ParallelConfig) -> None:
         raise ConfigError("--tp-overlap", f"paratrain train does not run {config.tp_overlap} tensor-parallel overlap "
                           "(its DTensor collectives run unfused)",
                           'plan without --tp-overlap, or set "tp_overlap": "none" in the run document')
+
+
+def check_gemm_dtype(config: ParallelConfig) -> None:
+    """The runtime's linear layers run in the training dtype: FP8 GEMMs (and their weight cache) are
+    priced by the cost model, not run by ``train``, which would otherwise train a layout other than
+    the one planned without a word."""
+    if config.gemm_dtype is not None:
+        raise ConfigError("gemm_dtype", f"paratrain train does not run {config.gemm_dtype} linear layers (its GEMMs "
+                          "run in the training dtype)",
+                          'plan without --gemm-dtype, or remove "gemm_dtype" (and "fp8_weight_cache") from the run '
+                          "document")
 
 
 def check_sharding(config: ParallelConfig, train: TrainConfig) -> None:

@@ -57,6 +57,7 @@ from .config import (
     check_sharding,
     check_sinks,
     check_task,
+    check_gemm_dtype,
     check_tp_overlap,
 )
 from .context_parallel import apply_context_parallel, shard_batch
@@ -91,6 +92,7 @@ def validate_run(spec: ModelSpec, config: ParallelConfig, train: TrainConfig, *,
     check_model_layout(spec, config)
     check_context_parallel(config, train)
     check_tp_overlap(config)
+    check_gemm_dtype(config)
     if train.dp_impl == "ddp" and config.tp > 1:
         raise ConfigError("--dp-impl", "ddp does not compose with tensor parallelism here",
                           "use --dp-impl paratrain or fsdp with --tp > 1")
