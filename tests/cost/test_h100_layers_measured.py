@@ -2,7 +2,8 @@
 backward; ``paratrain/data/measured/h100_layers.json``, from ``bench/bench_gpu_layer.py``).
 
 With the ``h100`` preset's fitted calibration (what plan and simulate use by default) every layer
-was predicted within -2.3 ... +12.6 % when measured (README, "On a GPU (one H100)"); the check
+was predicted within -2.3 ... +12.6 % when measured (README, "On a GPU (one H100)"), and is within
+-0.6 ... +12.1 % since these layers are one of the fit's sources (2026-12-01); the check
 keeps each within 15 % and the mean within 10 %, so a change to the compute model that moves a
 real GPU's layer out of that band fails here rather than in the next GPU session.
 """
@@ -40,4 +41,4 @@ def test_the_fitted_h100_model_predicts_measured_layers() -> None:
     assert max(abs(e) for e in errors) <= 0.15, errors
     assert sum(abs(e) for e in errors) / len(errors) <= 0.10, errors
     # the figures the README states for this data
-    assert min(errors) == pytest.approx(-0.023, abs=0.002) and max(errors) == pytest.approx(0.126, abs=0.002)
+    assert min(errors) == pytest.approx(-0.006, abs=0.002) and max(errors) == pytest.approx(0.121, abs=0.002)

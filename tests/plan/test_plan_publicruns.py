@@ -147,3 +147,37 @@ def test_a_tied_part_shares_its_parents_kernel_efficiencies_up_to_a_clock_factor
     fits = fit_devices(synthetic, {"h100": FITTED_H100, "h100-hbm2e": start}, CLUSTERS, ["h100-hbm2e"],
                        max_evaluations=30)
     assert set(fits) == {"h100-hbm2e"} and fits["h100-hbm2e"][1]["clock"] == pytest.approx(0.9, rel=0.02)
+
+
+def test_the_layers_measured_on_an_h100_are_a_source_of_the_h100_fit():
+    # Six GPT layers timed on one H100 SXM (paratrain/data/measured/h100_layers.json): each
+    # predicted as the layer test predicts it (the runtime's eager block, fused attention, bf16).
+    import json
+
+    from paratrain.cli.validate import _source_samples
+    from paratrain.data import DATA_DIR
+    from paratrain.plan.crossval import MEASURED_LAYERS_SOURCE, layer_samples, predict_samples
+    from paratrain.plan.publicruns import public_clusters
+
+    doc = json.loads((DATA_DIR / "measured" / "h100_layers.json").read_text(encoding="utf-8"))
+    layers = layer_samples()
+    assert [s.measured_s for s in layers] == [r["forward_s"] + r["backward_s"] for r in doc["rows"]]
+    assert {(s.source, s.device) for s in layers} == {(MEASURED_LAYERS_SOURCE, "h100")}
+    samples, _ = _source_samples("all")
+    assert [s for s in samples if s.source == MEASURED_LAYERS_SOURCE] == layers
+    assert not [s for s in _source_samples("public-runs")[0] if s.source == MEASURED_LAYERS_SOURCE]
+    # with the presets, each layer as cost.stage.layer_cost prices it on the raw h100 preset
+    from paratrain.cost.stage import layer_cost
+    from paratrain.parallel.config import Recompute
+    from paratrain.runtime.gpu_calibrate import layer_spec
+
+    clusters = public_clusters()
+    got = predict_samples(layers, {}, clusters)
+    for s, p in zip(layers, got, strict=True):
+        r = s.run
+        part = layer_cost(layer_spec(r.hidden, r.heads, r.seq), clusters["h100"].device, "bf16", 1, False,
+                          r.microbatch, Recompute.NONE, False, "flash")
+        assert p == part.forward_s + part.backward_input_s + part.backward_weight_s
+    # the raw preset's errors the README states for these layers: +1.3 ... +12.8 %
+    errors = [p / s.measured_s - 1 for s, p in zip(layers, got, strict=True)]
+    assert min(errors) == pytest.approx(0.013, abs=0.002) and max(errors) == pytest.approx(0.128, abs=0.002)

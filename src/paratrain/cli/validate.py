@@ -8,7 +8,8 @@
 ``vtrain-multi``, ``vtrain-single`` and ``vtrain-a100`` name the measured runs and all-reduce tables
 shipped in ``paratrain/data/vtrain/`` (any CSV in the same format works too). ``public-runs`` is the
 table of published runs in ``paratrain/data/publicruns/``; ``all`` is every source at once (vTrain's
-single-node file, every 8th row, its multi-node file, the public runs), reported per source, with
+single-node file, every 8th row, its multi-node file, the public runs, the layers timed on an H100
+in ``paratrain/data/measured/``), reported per source, with
 the per-device calibrations fitted on them (``--fit``) and checked by leave-one-source-out cross
 validation (``--loso``).
 """
@@ -356,7 +357,7 @@ def validate_command(
 
 def _source_samples(name: str) -> tuple[list[Any], list[tuple[int, str, str]]]:
     from paratrain.data import DATA_DIR, vtrain_path
-    from paratrain.plan.crossval import public_samples, vtrain_samples
+    from paratrain.plan.crossval import layer_samples, public_samples, vtrain_samples
     from paratrain.plan.publicruns import parse_public_runs
     from paratrain.plan.validate import parse_vtrain_csv
 
@@ -368,6 +369,7 @@ def _source_samples(name: str) -> tuple[list[Any], list[tuple[int, str, str]]]:
         multi = parse_vtrain_csv(vtrain_path("ground_truth_multi.csv").read_text(encoding="utf-8-sig"))
         samples += vtrain_samples(single[::_VTRAIN_SINGLE_STRIDE], "vtrain-single")
         samples += vtrain_samples(multi, "vtrain-multi")
+        samples += layer_samples()  # the H100 itself: layers timed on one GPU
     return samples, list(public.skipped)
 
 

@@ -53,8 +53,9 @@ VTRAIN_A100_LINKS = Calibration(
     link_efficiency=0.7255,
 )
 
-# Fitted on every source at once (vTrain's single-node file, every 8th row, its multi-node file, and
-# the bf16 rows of the public-runs table), one calibration per device, with
+# Fitted on every source at once (vTrain's single-node file, every 8th row, its multi-node file, the
+# public-runs table, and the layers timed on an H100 SXM in paratrain/data/measured/), one calibration
+# per device, with
 #
 #     paratrain validate all --fit
 #
@@ -76,26 +77,26 @@ FITTED_A100 = Calibration(
 # the nominal figures (NVLink SHARP in-switch reductions are not modelled, nor Transformer Engine's
 # fused FP8 casts); read the H100 figures with that in mind.
 FITTED_H100 = Calibration(
-    gemm_efficiency=0.6871,
+    gemm_efficiency=0.7082,
     memory_efficiency=1.0000,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=6.75e11,
+    intra_bandwidth_Bps=6.74995e11,
     intra_latency_s=3e-06,
-    link_efficiency=1.5000,
+    link_efficiency=1.49999,
     host_issue_s=1e-05,
-    attention_efficiency=0.4333,
+    attention_efficiency=0.3991,
 )
 # torchtitan's H100 96 GB HBM2e parts at 500 W (device preset h100-96gb-hbm2e): GEMM and attention
-# efficiencies are the SXM part's times a fitted clock factor, 0.8787 (crossval.TIED).
+# efficiencies are the SXM part's times a fitted clock factor, 0.9084 (crossval.TIED).
 FITTED_H100_HBM2E = Calibration(
-    gemm_efficiency=0.6038,
-    memory_efficiency=0.9861,
+    gemm_efficiency=0.6433,
+    memory_efficiency=0.9312,
     kernel_overhead_s=_H100.kernel_overhead_s,
-    intra_bandwidth_Bps=2.97842e11,
+    intra_bandwidth_Bps=2.70658e11,
     intra_latency_s=3e-06,
-    link_efficiency=0.6619,
+    link_efficiency=0.6015,
     host_issue_s=1e-05,
-    attention_efficiency=0.3807,
+    attention_efficiency=0.3625,
 )
 
 # What ``--calibration fitted`` applies, by device preset.

@@ -2,8 +2,9 @@
 cross validation.
 
 A *sample* is one measured run: a vTrain row (Megatron-DeepSpeed on A100, predicted by
-:func:`paratrain.plan.validate.megatron_predictor`) or a public-runs row
-(:mod:`paratrain.plan.publicruns`). The calibration of a device is five physically meaningful
+:func:`paratrain.plan.validate.megatron_predictor`), a public-runs row
+(:mod:`paratrain.plan.publicruns`), or one layer timed on the GPU itself (:class:`MeasuredLayer`,
+predicted by :func:`paratrain.cost.stage.layer_cost`): the device without a framework's step. The calibration of a device is five physically meaningful
 numbers, fitted by least squares (soft-L1) on the log of predicted / measured step time:
 
 - ``gemm_efficiency``: fraction of peak a large GEMM sustains;
@@ -40,9 +41,9 @@ from paratrain.plan.validate import Calibration, MeasuredRun, megatron_predictor
 from paratrain.spec.cluster import ClusterSpec
 
 __all__ = [
-    "Sample", "FIT_NAMES", "DEVICES", "TIED", "start_calibration", "predict_samples", "fit_device", "fit_devices",
-    "cross_validate",
-    "vtrain_samples", "public_samples",
+    "Sample", "MeasuredLayer", "FIT_NAMES", "DEVICES", "TIED", "start_calibration", "predict_samples", "fit_device",
+    "fit_devices", "cross_validate",
+    "vtrain_samples", "public_samples", "layer_samples", "MEASURED_LAYERS_SOURCE",
 ]
 
 DEVICES = ("a100", "h100", "h100-hbm2e")  # the keys of publicruns.DEVICE_CLUSTERS: one calibration each
@@ -62,11 +63,41 @@ _SCALE = {"host_issue_s": 1e-5}  # fitted in units of 10 µs
 
 
 @dataclass(frozen=True)
+class MeasuredLayer:
+    """One transformer layer of the runtime's GPT timed on one GPU, forward and backward
+    (``bench/bench_gpu_layer.py``; ``paratrain/data/measured/``): the device itself, without a
+    framework's step around it. ``line`` is the row's place in its file (from 1)."""
+
+    hidden: int
+    heads: int
+    seq: int
+    microbatch: int
+    line: int
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
 class Sample:
     source: str
     device: str  # a100 | h100 | h100-hbm2e
-    run: MeasuredRun | PublicRun
+    run: MeasuredRun | PublicRun | MeasuredLayer
     measured_s: float
+
+
+MEASURED_LAYERS_SOURCE = "h100-layers-measured"
+
+
+def layer_samples() -> list[Sample]:
+    """The layers measured on an H100 SXM (``paratrain/data/measured/h100_layers.json``), one sample
+    each: forward + backward seconds."""
+    import json
+
+    from paratrain.data import DATA_DIR
+
+    doc = json.loads((DATA_DIR / "measured" / "h100_layers.json").read_text(encoding="utf-8"))
+    return [Sample(MEASURED_LAYERS_SOURCE, "h100",
+                   MeasuredLayer(r["hidden"], r["heads"], r["seq"], r["microbatch"], i + 1),
+                   r["forward_s"] + r["backward_s"]) for i, r in enumerate(doc["rows"])]
 
 
 def vtrain_samples(runs: Sequence[MeasuredRun], source: str) -> list[Sample]:
@@ -94,6 +125,8 @@ def _predict_one(
     from paratrain.plan import validate
 
     run = sample.run
+    if isinstance(run, MeasuredLayer):
+        return _layer_s(run, clusters[sample.device] if cal is None else with_calibration(clusters[sample.device], cal))
     if isinstance(run, MeasuredRun):
         cluster = vtrain_cluster(clusters["a100"], run.gpus, cal)
         return megatron(validate.run_model(run), cluster, validate.run_config(run))
@@ -101,6 +134,18 @@ def _predict_one(
     if cal is not None:
         cluster = with_calibration(cluster, cal)
     return predict_step_s(run, cluster)
+
+
+def _layer_s(layer: MeasuredLayer, cluster: ClusterSpec) -> float:
+    """The cost model's forward + backward of a measured layer: the runtime's eager block (unfused
+    element-wise kernels) with fused attention, bf16, one GPU, no recomputation."""
+    from paratrain.cost.stage import layer_cost
+    from paratrain.parallel.config import Recompute
+    from paratrain.runtime.gpu_calibrate import layer_spec
+
+    part = layer_cost(layer_spec(layer.hidden, layer.heads, layer.seq), cluster.device, "bf16", 1, False,
+                      layer.microbatch, Recompute.NONE, False, "flash")
+    return part.forward_s + part.backward_input_s + part.backward_weight_s
 
 
 def predict_samples(
