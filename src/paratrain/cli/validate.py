@@ -409,14 +409,14 @@ def _source_scatter(path: Path, samples: list[Any], predicted: list[float], titl
 
     fig, ax = plt.subplots(figsize=(7.5, 6))
     sources = sorted({s.source for s in samples})
-    cmap = plt.get_cmap("tab10")
+    cmap = plt.get_cmap("tab10" if len(sources) <= 10 else "tab20")  # one colour per source
     markers = {"a100": "o", "h100": "^", "h100-hbm2e": "v"}
     for i, src in enumerate(sources):
         for dev, marker in markers.items():
             pts = [(s.measured_s, p) for s, p in zip(samples, predicted, strict=True)
                    if s.source == src and s.device == dev]
             if pts:
-                ax.scatter([m for m, _ in pts], [p for _, p in pts], s=16, marker=marker, color=cmap(i % 10),
+                ax.scatter([m for m, _ in pts], [p for _, p in pts], s=16, marker=marker, color=cmap(i % cmap.N),
                            label=f"{src} ({dev.upper()})", alpha=0.8)
     meas = [s.measured_s for s in samples]
     lo, hi = min(meas + predicted) * 0.8, max(meas + predicted) * 1.25
