@@ -4,8 +4,9 @@ cross validation.
 A *sample* is one measured run: a vTrain row (Megatron-DeepSpeed on A100, predicted by
 :func:`paratrain.plan.validate.megatron_predictor`), a public-runs row
 (:mod:`paratrain.plan.publicruns`), or one layer timed on the GPU itself (:class:`MeasuredLayer`,
-predicted by :func:`paratrain.cost.stage.layer_cost`): the device without a framework's step. The calibration of a device is five physically meaningful
-numbers, fitted by least squares (soft-L1) on the log of predicted / measured step time:
+predicted by :func:`paratrain.cost.stage.layer_cost`): the device without a framework's step. The
+calibration of a device is five physically meaningful numbers, fitted by least squares (soft-L1) on
+the log of predicted / measured step time:
 
 - ``gemm_efficiency``: fraction of peak a large GEMM sustains;
 - ``attention_efficiency``: fraction of peak the fused attention kernels sustain;

@@ -51,13 +51,13 @@ from .config import (
     check_compression,
     check_context_parallel,
     check_eval,
+    check_gemm_dtype,
     check_host_memory,
     check_kfac,
     check_outputs,
     check_sharding,
     check_sinks,
     check_task,
-    check_gemm_dtype,
     check_tp_overlap,
 )
 from .context_parallel import apply_context_parallel, shard_batch
