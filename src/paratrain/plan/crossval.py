@@ -142,9 +142,9 @@ def _layer_s(layer: MeasuredLayer, cluster: ClusterSpec) -> float:
     element-wise kernels) with fused attention, bf16, one GPU, no recomputation."""
     from paratrain.cost.stage import layer_cost
     from paratrain.parallel.config import Recompute
-    from paratrain.runtime.gpu_calibrate import layer_spec
+    from paratrain.spec.model import gpt_layer
 
-    part = layer_cost(layer_spec(layer.hidden, layer.heads, layer.seq), cluster.device, "bf16", 1, False,
+    part = layer_cost(gpt_layer(layer.hidden, layer.heads, layer.seq), cluster.device, "bf16", 1, False,
                       layer.microbatch, Recompute.NONE, False, "flash")
     return part.forward_s + part.backward_input_s + part.backward_weight_s
 

@@ -227,14 +227,10 @@ def _time_elementwise(timed: Callable[[Callable[[], Any], int], float], dev: Any
 
 
 def layer_spec(hidden: int, heads: int, seq: int) -> Any:
-    """One layer of the runtime's GPT (LayerNorm, GeLU MLP of 4x, learned positions, no dropout) at
-    these sizes: the layer the GPU measurements time."""
-    import dataclasses
+    """One layer of the runtime's GPT at these sizes (:func:`paratrain.spec.model.gpt_layer`)."""
+    from paratrain.spec.model import gpt_layer
 
-    from paratrain.spec.model import resolve_model
-
-    return dataclasses.replace(resolve_model("gpt-tiny"), hidden=hidden, heads=heads, kv_heads=heads,
-                               ffn=4 * hidden, seq=seq, layers=1, dropout=False)
+    return gpt_layer(hidden, heads, seq)
 
 
 def elementwise_ops(tokens: int, hidden: int, dtype: str) -> dict[str, Op]:

@@ -31,6 +31,7 @@ __all__ = [
     "from_document",
     "from_hf_config",
     "resolve_model",
+    "gpt_layer",
     "MODEL_OVERRIDE_FIELDS",
     "SHAPE_LIMITS",
 ]
@@ -504,3 +505,13 @@ def resolve_model(name_or_path: str, field: str = "--model", **overrides: Any) -
     else:
         spec = preset(name_or_path, field)
     return spec.with_overrides(**overrides)
+
+
+def gpt_layer(hidden: int, heads: int, seq: int) -> ModelSpec:
+    """One layer of the runtime's GPT (LayerNorm, GeLU MLP of 4x, learned positions, no dropout) at
+    these sizes: the layer the GPU measurements time (``bench/bench_gpu_layer.py``,
+    ``paratrain calibrate --gpu``) and the fit predicts (``plan.crossval.MeasuredLayer``)."""
+    import dataclasses
+
+    return dataclasses.replace(preset("gpt-tiny"), hidden=hidden, heads=heads, kv_heads=heads, ffn=4 * hidden,
+                               seq=seq, layers=1, dropout=False)
