@@ -161,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'hidden':>6} {'heads':>5} {'seq':>5} {'mb':>3} {'meas ms':>9} " +
           " ".join(f"{k + ' ms':>12} {'err':>7}" for k in devs))
-    from paratrain.runtime.gpu_calibrate import layer_spec
+    from paratrain.spec.model import gpt_layer
 
     for hidden, heads, seq, mb in shapes:
-        spec = layer_spec(hidden, heads, seq)
+        spec = gpt_layer(hidden, heads, seq)
         m = measure(spec, mb, device, a.repeats)
         total = m["forward_s"] + m["backward_s"]
         row: dict[str, Any] = {"hidden": hidden, "heads": heads, "seq": seq, "microbatch": mb, "measured": m,

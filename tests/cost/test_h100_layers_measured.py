@@ -18,8 +18,8 @@ from paratrain.cli.options import apply_calibration
 from paratrain.cost.stage import layer_cost
 from paratrain.data import DATA_DIR
 from paratrain.parallel.config import Recompute
-from paratrain.runtime.gpu_calibrate import layer_spec
 from paratrain.spec.cluster import resolve_cluster
+from paratrain.spec.model import gpt_layer
 
 MEASURED = json.loads((DATA_DIR / "measured" / "h100_layers.json").read_text(encoding="utf-8"))
 
@@ -28,7 +28,7 @@ def _errors() -> list[float]:
     device = apply_calibration(resolve_cluster("dgx-h100"), None).device
     out = []
     for row in MEASURED["rows"]:
-        spec = layer_spec(row["hidden"], row["heads"], row["seq"])
+        spec = gpt_layer(row["hidden"], row["heads"], row["seq"])
         part = layer_cost(spec, device, "bf16", 1, False, row["microbatch"], Recompute.NONE, False, "flash")
         predicted = part.forward_s + part.backward_input_s + part.backward_weight_s
         out.append(predicted / (row["forward_s"] + row["backward_s"]) - 1.0)

@@ -169,13 +169,13 @@ def test_the_layers_measured_on_an_h100_are_a_source_of_the_h100_fit():
     # with the presets, each layer as cost.stage.layer_cost prices it on the raw h100 preset
     from paratrain.cost.stage import layer_cost
     from paratrain.parallel.config import Recompute
-    from paratrain.runtime.gpu_calibrate import layer_spec
+    from paratrain.spec.model import gpt_layer
 
     clusters = public_clusters()
     got = predict_samples(layers, {}, clusters)
     for s, p in zip(layers, got, strict=True):
         r = s.run
-        part = layer_cost(layer_spec(r.hidden, r.heads, r.seq), clusters["h100"].device, "bf16", 1, False,
+        part = layer_cost(gpt_layer(r.hidden, r.heads, r.seq), clusters["h100"].device, "bf16", 1, False,
                           r.microbatch, Recompute.NONE, False, "flash")
         assert p == part.forward_s + part.backward_input_s + part.backward_weight_s
     # the raw preset's errors the README states for these layers: +1.3 ... +12.8 %

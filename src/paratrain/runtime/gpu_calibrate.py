@@ -49,7 +49,7 @@ from paratrain.spec.device import DeviceSpec, cpu_calibration_path
 __all__ = [
     "GEMM_SHAPES", "ATTENTION_SHAPE", "ATTENTION_SHAPES", "COPY_BYTES", "ELEMENTWISE_SHAPE", "MEASURED_FIELDS",
     "OPTIONAL_FIELDS",
-    "measure_gpu", "efficiencies", "elementwise_ops", "layer_spec",
+    "measure_gpu", "efficiencies", "elementwise_ops",
     "cuda_available", "measured_calibration_path", "shipped_calibration_path", "load_measured", "read_measured",
 ]
 
@@ -226,19 +226,13 @@ def _time_elementwise(timed: Callable[[Callable[[], Any], int], float], dev: Any
             "activation_s": timed(activation, repeats)}
 
 
-def layer_spec(hidden: int, heads: int, seq: int) -> Any:
-    """One layer of the runtime's GPT at these sizes (:func:`paratrain.spec.model.gpt_layer`)."""
-    from paratrain.spec.model import gpt_layer
-
-    return gpt_layer(hidden, heads, seq)
-
-
 def elementwise_ops(tokens: int, hidden: int, dtype: str) -> dict[str, Op]:
     """The cost model's norm, residual and activation operators of an eager GPT layer with
     ``tokens`` tokens of width ``hidden`` (what :func:`measure_gpu` times)."""
     from paratrain.cost.compute import layer_ops
+    from paratrain.spec.model import gpt_layer
 
-    ops = layer_ops(layer_spec(hidden, max(1, hidden // 128), tokens), microbatch=1, dtype=dtype, attention="flash")
+    ops = layer_ops(gpt_layer(hidden, max(1, hidden // 128), tokens), microbatch=1, dtype=dtype, attention="flash")
     return {"norm": next(o for o in ops if o.kind == "norm"),
             "residual": next(o for o in ops if o.name == "attn_residual"),
             "activation": next(o for o in ops if o.kind == "activation")}
