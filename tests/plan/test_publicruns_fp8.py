@@ -74,3 +74,15 @@ def test_megatron_core_rows_cast_their_fp8_weights_once_per_step(table):
     assert not {4, 7, 8, 9, 12, 58} & cached
     assert all(run_config(r).fp8_weight_cache == r.fp8_weight_cache for r in fp8.values())
     assert not any(r.fp8_weight_cache for r in table.runs if r.gemm_dtype is None)
+
+
+def test_megatron_core_interleaved_rows_overlap_their_pipeline_transfers(table):
+    # overlap_p2p_comm is Megatron-Core's default for the interleaved schedule only: the NeMo and
+    # Megatron-Bridge rows with virtual stages post their receives one ahead; every other row runs
+    # the backend's default (NCCL: none ahead).
+    ahead = {r.line for r in table.runs if r.prefetch_receives == 1}
+    interleaved_mcore = {r.line for r in table.runs if r.virtual_stages > 1
+                         and r.source in ("nemo-24.07", "megatron-bridge-25.11")}
+    assert ahead == interleaved_mcore and len(ahead) == 5
+    assert all(r.prefetch_receives is None for r in table.runs if r.line not in ahead)
+    assert all(run_config(r).prefetch_receives == r.prefetch_receives for r in table.runs)

@@ -224,3 +224,15 @@ def test_gpu_mfu_peak_is_what_the_matmuls_run_at(monkeypatch) -> None:
         assert peak_flops_per_device(gpu, False) == (h100.peak_tf32_flops, "h100 preset")
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_pipeline_receives_ahead_come_from_the_flag_then_the_layout_then_the_backend() -> None:
+    from paratrain.parallel.config import ParallelConfig
+    from paratrain.runtime.pipeline import prefetch_receives
+
+    cfg = ParallelConfig(pp=2, global_batch=8)
+    assert prefetch_receives(TrainConfig(), cfg, "gloo") == 2
+    assert prefetch_receives(TrainConfig(), cfg, "nccl") == 0
+    planned = ParallelConfig(pp=2, global_batch=8, prefetch_receives=1)  # as `paratrain plan -o` wrote it
+    assert prefetch_receives(TrainConfig(), planned, "nccl") == 1
+    assert prefetch_receives(TrainConfig(prefetch_receives=0), planned, "gloo") == 0  # the flag wins

@@ -221,6 +221,16 @@ TpOverlapOpt = Annotated[
         rich_help_panel=_P,
     ),
 ]
+PrefetchReceivesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--prefetch-receives",
+        help="Pipeline receives posted ahead of their action, per peer, so that a transfer runs while the "
+        "receiving rank still computes: 1 is about Megatron-Core's overlap_p2p_comm (interleaved); default "
+        "what paratrain train runs: 2 on a CPU (gloo), 0 on GPUs (NCCL).",
+        rich_help_panel=_P,
+    ),
+]
 
 # The flag that sets each field the library names in a ConfigError.
 FIELD_FLAGS: dict[str, str] = {
@@ -244,6 +254,7 @@ FIELD_FLAGS: dict[str, str] = {
     "gemm_dtype": "--gemm-dtype",
     "fp8_weight_cache": "--fp8-weight-cache",
     "tp_overlap": "--tp-overlap",
+    "prefetch_receives": "--prefetch-receives",
     "cluster.gpus": "--gpus",
     "cluster.nodes": "--nodes",
     "sweep": "--sweep",
@@ -380,6 +391,7 @@ def parallel_from_opts(
     gemm_dtype: str | None = None,
     tp_overlap: str | None = None,
     fp8_weight_cache: bool | None = None,
+    prefetch_receives: int | None = None,
 ) -> ParallelConfig:
     """The ParallelConfig the parallel-layout flags give (``None`` = not given), on top of ``base``
     if any, else of the defaults. Invalid values raise ConfigErrors naming the fields."""
@@ -405,6 +417,7 @@ def parallel_from_opts(
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
         fp8_weight_cache=fp8_weight_cache,
+        prefetch_receives=prefetch_receives,
     )
     if sharding is not None and optimizer_sharding is not None and (
             sharding_level(sharding, "--sharding") != "none") != optimizer_sharding:

@@ -41,6 +41,7 @@ from paratrain.cli.options import (
     OptimizerShardingOpt,
     PartitionOpt,
     PpOpt,
+    PrefetchReceivesOpt,
     RecomputeOpt,
     ScheduleOpt,
     SeqOpt,
@@ -239,6 +240,7 @@ def plan_command(
     gemm_dtype: GemmDtypeOpt = None,
     fp8_weight_cache: Fp8WeightCacheOpt = None,
     tp_overlap: TpOverlapOpt = None,
+    prefetch_receives: PrefetchReceivesOpt = None,
     mesh_order: MeshOrderOpt = None,
     partition: PartitionOpt = None,
     schedules: Annotated[
@@ -342,6 +344,7 @@ def plan_command(
         gemm_dtype=gemm_dtype,
         fp8_weight_cache=bool(fp8_weight_cache),
         tp_overlap="none" if tp_overlap is None else tp_overlap,  # an empty flag is unknown, not "none"
+        prefetch_receives=prefetch_receives,
         compressions=_compressions(compress, density),
         compression_density=density if density is not None else 0.01,
     )

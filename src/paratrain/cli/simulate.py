@@ -41,6 +41,7 @@ from paratrain.cli.options import (
     NodesOpt,
     OptimizerShardingOpt,
     PpOpt,
+    PrefetchReceivesOpt,
     RecomputeOpt,
     ScheduleOpt,
     SeqOpt,
@@ -136,6 +137,7 @@ def simulate(
     gemm_dtype: GemmDtypeOpt = None,
     fp8_weight_cache: Fp8WeightCacheOpt = None,
     tp_overlap: TpOverlapOpt = None,
+    prefetch_receives: PrefetchReceivesOpt = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="Run document (paratrain plan -o) or a ParallelConfig file; flags override it."),
@@ -226,6 +228,7 @@ def simulate(
         gemm_dtype=gemm_dtype,
         tp_overlap=tp_overlap,
         fp8_weight_cache=fp8_weight_cache,
+        prefetch_receives=prefetch_receives,
     )
     check_density_applies(cfg.compression, density)  # after a run document's compression
     if gpus is not None and cfg.world_size != gpus:

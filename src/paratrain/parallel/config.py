@@ -31,8 +31,11 @@ __all__ = [
     "Recompute",
     "SHARDINGS",
     "TP_OVERLAPS",
+    "GLOO_PREFETCH_RECEIVES",
     "check_fp8_weight_cache",
+    "check_prefetch_receives",
     "check_tp_overlap_name",
+    "prefetch_receives_on",
     "ScheduleName",
     "mesh_order_of",
     "sharding_level",
@@ -138,6 +141,31 @@ def check_fp8_weight_cache(cache: Any, gemm_dtype: str | None) -> None:
                           "the training dtype", "add --gemm-dtype fp8 or fp8-delayed, or drop --fp8-weight-cache")
 
 
+# Pipeline receives the runtime posts ahead per peer on gloo, which moves each message on its own;
+# none on NCCL, whose p2p operations on one communicator run in order on one stream
+# (runtime.pipeline_engine). ParallelConfig.prefetch_receives None means this backend default.
+GLOO_PREFETCH_RECEIVES = 2
+MAX_PREFETCH_RECEIVES = 64
+
+
+def check_prefetch_receives(value: Any, field: str = "prefetch_receives") -> None:
+    """None (the backend's default) or a whole number of receives, 0 to :data:`MAX_PREFETCH_RECEIVES`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(field, f"must be a whole number of at least 0, got {value!r}",
+                          "use 0 (each receive posted at its action), 1 (Megatron-Core's overlap_p2p_comm) or 2")
+    require_at_most(field, value, MAX_PREFETCH_RECEIVES, "receives posted ahead")
+
+
+def prefetch_receives_on(config: ParallelConfig, device_name: str) -> int:
+    """The receives posted ahead that ``config`` runs with on a device: its own figure, else the
+    runtime's default for the backend that device trains with (gloo on ``cpu``, NCCL otherwise)."""
+    if config.prefetch_receives is not None:
+        return config.prefetch_receives
+    return GLOO_PREFETCH_RECEIVES if device_name == "cpu" else 0
+
+
 def check_tp_overlap_name(value: Any, field: str = "tp_overlap") -> None:
     """A ConfigError unless ``value`` is one of :data:`TP_OVERLAPS`."""
     if value not in TP_OVERLAPS:
@@ -206,6 +234,10 @@ class ParallelConfig:
     # Transformer Engine's (Megatron-Core's tp_comm_overlap; forward and backward). Priced by plan
     # and simulate; paratrain train does not run it.
     tp_overlap: str = "none"
+    # Pipeline receives posted ahead of their action, per peer, so that a transfer runs while the
+    # receiving rank still computes (runtime.pipeline_engine's prefetch; Megatron-Core's interleaved
+    # overlap_p2p_comm is about 1). None: the runtime's default for the backend (prefetch_receives_on).
+    prefetch_receives: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "cp", "microbatch", "virtual_stages"):
@@ -297,6 +329,10 @@ class ParallelConfig:
                               "turn on sequence parallelism (--sequence-parallel)")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)  # nothing to split with tp = 1
+        check_prefetch_receives(self.prefetch_receives)
+        if self.prefetch_receives and self.pp == 1:
+            raise ConfigError("prefetch_receives", f"posts pipeline receives ahead ({self.prefetch_receives}), and "
+                              "pp is 1: there are none", "use pp > 1, or post none ahead (0)")
 
     # ----- derived -------------------------------------------------------------------------
     @property

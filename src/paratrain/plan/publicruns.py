@@ -20,7 +20,8 @@ How a row becomes a prediction:
   current scaling for torchao's Float8 and Megatron-Bridge's FP8-CS, delayed scaling for
   Transformer Engine's default recipe (NeMo, Composer's ``amp_fp8``); the Megatron-Core rows
   (NeMo, Megatron-Bridge) cast each FP8 weight once per step (:func:`_fp8_weight_cache`); Megatron
-  rows keep their interleaved schedule (``virtual_stages``) and fused kernels;
+  rows keep their interleaved schedule (``virtual_stages``) and fused kernels, the Megatron-Core
+  ones with their pipeline transfers overlapped (:func:`_overlap_p2p`);
 - **data parallelism**: FSDP (FULL_SHARD, FSDP2) and SHARD_GRAD_OP through
   :func:`paratrain.cost.sharding.fsdp_microbatch_s`, gradients reduced in fp32 (torchtitan's
   ``mixed_precision_reduce`` default, Composer's ``DEFAULT`` mixed precision; ``PURE`` reduces in
@@ -127,6 +128,7 @@ class PublicRun:
     cp: int = 1  # context parallelism (ring attention; cost.context_parallel)
     tp_overlap: str = "none"  # TP collectives overlapped with their GEMMs (cost.async_tp; _tp_overlap)
     fp8_weight_cache: bool = False  # FP8 weights cast once per step (Transformer Engine; _fp8_weight_cache)
+    prefetch_receives: int | None = None  # pipeline receives posted ahead (_overlap_p2p)
 
     @property
     def time_s(self) -> float:
@@ -240,6 +242,17 @@ def _fp8_weight_cache(opts: str, gemm_dtype: str | None) -> bool:
     return gemm_dtype is not None and "megatron-core" in opts.lower()
 
 
+def _overlap_p2p(opts: str, virtual_stages: int) -> int | None:
+    """Receives posted ahead per peer (``ParallelConfig.prefetch_receives``): Megatron-Core's
+    interleaved schedule overlaps its pipeline transfers with the neighbouring chunk's compute
+    (``overlap_p2p_comm``, on unless ``--no-overlap-p2p-communication``; the interleaved schedule
+    only): each forward posts the next forward's receive and each backward the next backward's,
+    waited for just before the compute that needs it, about one receive per peer ahead. Its
+    warm-up and flush are overlapped only with ``--overlap-p2p-communication-warmup-flush``, which
+    the rows do not name; here they are overlapped too. None: the backend's default (NCCL: none)."""
+    return 1 if virtual_stages > 1 and "megatron-core" in opts.lower() else None
+
+
 # Megatron pads the vocabulary to a multiple of 128 × tp (``--make-vocab-size-divisible-by``); the
 # GPT-3 rows that leave the vocabulary open use GPT-2's BPE (50,257 tokens), as GPT-3 did (Brown et
 # al. 2020, sec. 2.1).
@@ -309,6 +322,7 @@ def parse_public_runs(text: str, source: str = "DATA.csv") -> PublicRuns:
             vocab=_int(row, "vocab", where) if row["vocab"].strip() or family != "gpt3" else _padded_gpt2_vocab(tp),
             gemm_dtype=gemm_dtype, virtual_stages=vs, tp_overlap=_tp_overlap(src, family, row["other_opts"], tp),
             fp8_weight_cache=_fp8_weight_cache(row["other_opts"], gemm_dtype),
+            prefetch_receives=_overlap_p2p(row["other_opts"], vs),
             microbatch=_int(row, "microbatch", where), global_batch=_int(row, "global_batch", where),
             recompute=_recompute(row["activation_recompute"]), attention=attention, sharding=sharding,
             reduce_bytes=2 if pure else _FSDP_REDUCE_BYTES, sequence_parallel=tp > 1, fused=_fused(row["other_opts"]),
@@ -350,7 +364,7 @@ def run_config(run: PublicRun) -> ParallelConfig:
         recompute=rc,
         sequence_parallel=run.sequence_parallel, dtype="bf16", attention=run.attention, gemm_dtype=run.gemm_dtype,
         schedule="interleaved" if run.virtual_stages > 1 else "1f1b", virtual_stages=run.virtual_stages,
-        tp_overlap=run.tp_overlap, fp8_weight_cache=run.fp8_weight_cache,
+        tp_overlap=run.tp_overlap, fp8_weight_cache=run.fp8_weight_cache, prefetch_receives=run.prefetch_receives,
     )
 
 

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from paratrain.parallel.config import ParallelConfig
+from paratrain.parallel.config import ParallelConfig, prefetch_receives_on
 from paratrain.plan.search import Candidate, Metrics, PlanResult
 from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.model import ModelSpec
@@ -164,6 +164,9 @@ def winner_breakdown(
          " (outermost first)"),
         ("micro-batch / micro-batches", f"{cfg.microbatch} / {cfg.num_microbatches} per replica"),
         ("schedule", sched),
+        *([("receives posted ahead", f"{ahead} per peer" + (" (the backend's default)" if cfg.prefetch_receives is None
+                                                           else ""))]
+          if cfg.pp > 1 and (ahead := prefetch_receives_on(cfg, cluster.device.name)) else []),
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
         *([("linear GEMMs", f"{cfg.gemm_dtype}" + (", weights cast once per step (cached)" if cfg.fp8_weight_cache

@@ -21,6 +21,7 @@ from paratrain.parallel.config import (
     Recompute,
     ScheduleName,
     check_fp8_weight_cache,
+    check_prefetch_receives,
     check_tp_overlap_name,
     mesh_order_of,
     sharding_level,
@@ -114,12 +115,15 @@ class Pins:
     fp8_weight_cache: bool = False  # ParallelConfig.fp8_weight_cache: FP8 weights cast once per step
     # ParallelConfig.tp_overlap: every candidate with tp > 1 runs it, with sequence parallelism
     tp_overlap: str = "none"
+    # ParallelConfig.prefetch_receives: every candidate with pp > 1 runs it; None: the backend's default
+    prefetch_receives: int | None = None
     # gradient reductions weighed against each other where dp > 1 (ParallelConfig.compression)
     compressions: tuple[str, ...] = ("none",)
     compression_density: float = 0.01
 
     def __post_init__(self) -> None:
         check_fp8_weight_cache(self.fp8_weight_cache, self.gemm_dtype)
+        check_prefetch_receives(self.prefetch_receives)
         check_tp_overlap_name(self.tp_overlap)
         if self.tp_overlap != "none" and self.sequence_parallel is False:
             raise ConfigError("tp_overlap", f"{self.tp_overlap} overlap splits sequence parallelism's collectives, "
@@ -329,6 +333,7 @@ def variants(
                             gemm_dtype=pins.gemm_dtype,
                             fp8_weight_cache=pins.fp8_weight_cache,
                             tp_overlap=pins.tp_overlap if layout.tp > 1 else "none",
+                            prefetch_receives=pins.prefetch_receives if layout.pp > 1 else None,
                             compression=comp,
                             compression_density=pins.compression_density,
                         )

@@ -54,7 +54,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import ParallelConfig
+from paratrain.parallel.config import GLOO_PREFETCH_RECEIVES, ParallelConfig
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
@@ -96,6 +96,16 @@ def validate_pipeline(config: ParallelConfig, train: TrainConfig) -> Schedule:
         raise ConfigError("--dp-impl", "ddp does not run inside the pipeline engine, whose schedule places the "
                           "gradient reductions itself", "use --dp-impl paratrain (or fsdp) with --pp > 1")
     return schedule_for(config, train.steps)
+
+
+def prefetch_receives(train: TrainConfig, config: ParallelConfig, backend: str) -> int:
+    """Pipeline receives posted ahead per peer: ``--prefetch-receives``, else the layout's
+    (``ParallelConfig.prefetch_receives``, as a plan wrote it), else the backend's default."""
+    if train.prefetch_receives is not None:
+        return train.prefetch_receives
+    if config.prefetch_receives is not None:
+        return config.prefetch_receives
+    return GLOO_PREFETCH_RECEIVES if backend == "gloo" else 0
 
 
 def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
@@ -190,9 +200,9 @@ class PipelineExecutor:
                 peer_rank=lambda q: cfg.rank_of(pp=q, dp=self.dp_rank, cp=self.cp_rank, tp=self.tp_rank),
                 loss_fn=loss, loss_context=lambda: loss_context(cfg.tp), autocast=autocast,
                 record=train.trace is not None, fillers=self.fillers, before=self._before_action,
-                # gloo progresses each message on its own; NCCL's p2p run in order on one stream
-                prefetch_receives=(2 if ctx.backend == "gloo" else 0) if train.prefetch_receives is None
-                else train.prefetch_receives)
+                # --prefetch-receives, else the run's layout's, else the backend's default (gloo
+                # progresses each message on its own; NCCL's p2p run in order on one stream)
+                prefetch_receives=prefetch_receives(train, cfg, ctx.backend))
 
         self._new_engine = new_engine
         self.engine = new_engine(schedule)

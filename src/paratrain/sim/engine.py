@@ -5,7 +5,9 @@ The engine runs each pipeline rank's action list in order under the semantics of
 posted when the rank reaches it and completes when every transfer in it has completed, a transfer
 starting once both ends are posted and taking the link time between the two ranks' actual
 locations; a gradient reduction is launched (non-blocking) on the rank's communication stream and
-the next optimizer step waits for it. Ranks advance until they block on a partner that has not
+the next optimizer step waits for it. With ``Timing.prefetch_receives = k`` a receive is posted
+ahead of its batch, as the runtime's pipeline engine posts it: each peer's first ``k`` at the
+start, the next one when an earlier one's batch completes. Ranks advance until they block on a partner that has not
 posted yet and are woken when it does, so the cost is O(actions) with plain lists and a deque.
 Which receive matches which send and which reductions run together come from the schedule's
 compiled form (:mod:`paratrain.schedule.compiled`, built once per schedule object); a run binds
@@ -129,6 +131,35 @@ class _Execution:
         self.batch_end = [[0.0] * schedule.iterations for _ in range(p)]
         self.step_members = comp.step_members if timing.step_allreduce_s is not None else {}
         self.tp_share = tuple(x / 2 for x in timing.tp_comm_s)  # tp_comm_s covers one forward and one backward
+        self.prefetch_next = self._prefetch_plan(timing.prefetch_receives)
+
+    def _prefetch_plan(self, k: int) -> dict[int, int]:
+        """Receives posted ahead, ``k`` per peer (the runtime engine's ``prefetch_receives``): each
+        rank's first ``k`` receives from every peer are posted at the start; returned, for every
+        receive, the one ``k`` later from the same peer, posted when the earlier one's batch completes."""
+        if k <= 0:
+            return {}
+        nxt: dict[int, int] = {}
+        for r, row in enumerate(self.schedule.actions):
+            o = self.comp.offsets[r]
+            by_peer: dict[int | None, list[int]] = {}
+            for i, a in enumerate(row):
+                if a.kind is K.RECV_ACT or a.kind is K.RECV_GRAD:
+                    by_peer.setdefault(a.peer, []).append(o + i)
+            for order in by_peer.values():
+                for h in order[:k]:
+                    self.post[h] = 0.0
+                for j in range(len(order) - k):
+                    nxt[order[j]] = order[j + k]
+        return nxt
+
+    def _prefetch_after(self, batch: tuple, t: float) -> None:
+        """The batch's receives are done at ``t``: post each one's successor ``k`` later from its peer."""
+        for h, _, _, snd in batch:
+            if not snd:
+                nx = self.prefetch_next.get(h)
+                if nx is not None and self.post[nx] < 0:
+                    self._post(nx, t)
 
     def _post(self, g: int, t: float) -> None:
         """Action ``g`` is posted at ``t``: wake the ranks waiting for it."""
@@ -144,6 +175,7 @@ class _Execution:
         are handled inline."""
         post, waiters, runnable = self.post, self.waiters, self.runnable
         record, batch_end = self.record, self.batch_end
+        prefetch = bool(self.prefetch_next)
         while runnable:
             r = runnable.popleft()
             st = program[r]
@@ -159,15 +191,15 @@ class _Execution:
                     if extra >= 0:
                         batch_end[r][extra] = t
                 elif kind == _P2P:
-                    if post[g] < 0:
-                        for h, _, _, _ in val:
+                    for h, _, _, _ in val:
+                        if post[h] < 0:  # first reached (a prefetched receive was posted earlier)
                             post[h] = t
                             w = waiters.pop(h, None)
                             if w:
                                 runnable.extend(w)
                     done = t
                     blocked = False
-                    for _h, ph, x, snd in val:
+                    for h, ph, x, snd in val:
                         if snd and eager:
                             continue  # eager send: the rank does not wait for it
                         pt = post[ph]
@@ -175,7 +207,8 @@ class _Execution:
                             waiters.setdefault(ph, []).append(r)
                             blocked = True
                             break
-                        e = (t if t > pt else pt) + x
+                        ph_ = post[h]
+                        e = (ph_ if ph_ > pt else pt) + x
                         if e > done:
                             done = e
                     if blocked:
@@ -184,8 +217,10 @@ class _Execution:
                         if not snd:
                             self.p2p_total += x
                             if record:
-                                self._record_receive(r, h, ph, t, x)
+                                self._record_receive(r, h, ph, x)
                     t = done
+                    if prefetch:
+                        self._prefetch_after(val, t)
                 elif kind == _REDUCE:
                     self.pending[r].append(g)
                     if self.overlap:
@@ -254,11 +289,11 @@ class _Execution:
                         computing[r] = st[i]
                         break
                     if kind == _P2P:
-                        if post[g] < 0:
-                            for h, _, _, _ in val:
+                        for h, _, _, _ in val:
+                            if post[h] < 0:
                                 self._post(h, t)
                         done, blocked = t, False
-                        for _h, ph, x, snd in val:
+                        for h, ph, x, snd in val:
                             if snd and eager:
                                 continue
                             pt = post[ph]
@@ -266,15 +301,17 @@ class _Execution:
                                 waiters.setdefault(ph, []).append(r)
                                 blocked = True
                                 break
-                            done = max(done, max(t, pt) + x)
+                            done = max(done, max(post[h], pt) + x)
                         if blocked:
                             break
                         for h, ph, x, snd in val:
                             if not snd:
                                 self.p2p_total += x
                                 if self.record:
-                                    self._record_receive(r, h, ph, t, x)
+                                    self._record_receive(r, h, ph, x)
                         t = done
+                        if self.prefetch_next:
+                            self._prefetch_after(val, t)
                     elif kind == _REDUCE:
                         self.pending[r].append(g)
                         if self.overlap:
@@ -437,11 +474,11 @@ class _Execution:
                 self.log.append(CommRecord("cp", None, (self.timing.global_rank(r),), t, x))
         self.events.append(TraceEvent(r, "compute", str(a), t, val, category_of(a.kind), a.microbatch))
 
-    def _record_receive(self, r: int, h: int, ph: int, t: float, x: float) -> None:
+    def _record_receive(self, r: int, h: int, ph: int, x: float) -> None:
         """A transfer, logged on the receiving rank: from when both ends are posted, ``x`` long."""
         timing = self.timing
         a = self._action(h)
-        s0 = max(t, self.post[ph])
+        s0 = max(self.post[h], self.post[ph])
         nbytes = timing.p2p_bytes[a.chunk] if timing.p2p_bytes else None
         self.log.append(CommRecord("p2p", nbytes, (timing.global_rank(self.comp.rank_of[ph]), timing.global_rank(r)),
                                    s0, x))

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from paratrain.cost.optimizer import OPTIMIZERS
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError
+from paratrain.parallel.config import prefetch_receives_on
 from paratrain.schedule.compiled import hosts_of
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.validate import inflight_and_versions
@@ -408,6 +409,7 @@ def timing_for_config(
         core_sharing=layout_sharing(cluster, config),
         forward_wait_s=tuple(c.forward_wait_s for c in costs),
         backward_wait_s=tuple(c.backward_wait_s for c in costs),
+        prefetch_receives=prefetch_receives_on(config, cluster.device.name),
     )
 
 

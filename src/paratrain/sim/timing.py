@@ -67,6 +67,10 @@ class Timing:
     # uses; the receives (and the sends) of one p2p batch on the same link share its bandwidth
     # (paratrain.cost.link_sharing). None: every transfer has its link alone.
     p2p_link: Callable[[int, int], object] | None = None
+    # Pipeline receives posted ahead of their batch, per peer (the runtime engine's
+    # ``prefetch_receives``; Megatron-Core's ``overlap_p2p_comm`` is about 1): a transfer can then
+    # run while the receiving rank still computes. 0: each receive is posted when its batch is reached.
+    prefetch_receives: int = 0
 
 
 _MIN_UNIFORM_S, _MAX_UNIFORM_S = 1e-12, 1e12  # uniform durations: relative units or seconds
