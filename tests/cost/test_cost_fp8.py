@@ -164,8 +164,35 @@ def test_the_weight_cache_makes_a_step_faster_and_changes_nothing_for_a_single_p
     (cached,) = chunk_costs(LLAMA, cluster, dataclasses.replace(many, fp8_weight_cache=True))
     assert cached.forward_s < uncached.forward_s and cached.backward_s < uncached.backward_s
     one = ParallelConfig(dp=8, microbatch=1, global_batch=8, gemm_dtype="fp8", attention="flash")
-    assert chunk_costs(LLAMA, cluster, dataclasses.replace(one, fp8_weight_cache=True)) == chunk_costs(
-        LLAMA, cluster, one)  # one micro-batch, no recomputation: the one cast is the cached one
+    (cached_one,) = chunk_costs(LLAMA, cluster, dataclasses.replace(one, fp8_weight_cache=True))
+    (plain_one,) = chunk_costs(LLAMA, cluster, one)
+    # one micro-batch, no recomputation: the one cast is the cached one; only the cache's memory differs
+    assert dataclasses.replace(cached_one, fp8_cache_bytes=0) == plain_one and cached_one.fp8_cache_bytes > 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weight_cache_holds_each_linear_weight_and_its_transpose_in_fp8(tp):
+    # Llama-shaped layer: QKV h x (h + 2 kv_heads head_dim), projection h x h, gate+up h x 2 ffn,
+    # down ffn x h, split over tp; one byte an element for the FP8 copy and one for its transpose.
+    from paratrain.sim import simulate_config
+
+    h, hd, ffn = 4096, 4096 // 32, 14336
+    per_layer = 2 * (h * (h + 2 * 8 * hd) + h * h + h * 2 * ffn + ffn * h) // tp
+    cluster = resolve_cluster("dgx-h100").resized(gpus=8)
+    base = ParallelConfig(dp=8 // (2 * tp), tp=tp, pp=2, microbatch=1, global_batch=16, gemm_dtype="fp8",
+                          attention="flash", sequence_parallel=tp > 1)
+    cached = dataclasses.replace(base, fp8_weight_cache=True)
+    costs = chunk_costs(LLAMA, cluster, cached)
+    assert [c.fp8_cache_bytes for c in costs] == [2 * per_layer, 2 * per_layer]  # 4 layers on 2 stages
+    assert all(c.fp8_cache_bytes == 0 for c in chunk_costs(LLAMA, cluster, base))
+    assert all(c.static_bytes == c.weight_bytes + c.grad_bytes + c.optimizer_bytes + c.fp8_cache_bytes for c in costs)
+    from paratrain.plan.analytic import RankStats  # the planner's memory filter counts the cache too
+
+    assert RankStats.of(costs, 2).static == tuple(float(c.static_bytes) for c in costs)
+    with_cache, without = simulate_config(LLAMA, cluster, cached), simulate_config(LLAMA, cluster, base)
+    assert [m.fp8_weight_cache_bytes for m in with_cache.memory] == [2 * per_layer] * 2
+    assert [a - b for a, b in zip(with_cache.memory_by_rank, without.memory_by_rank, strict=True)] == \
+        [2 * per_layer] * 2
 
 
 def test_the_weight_cache_needs_fp8_linear_layers():

@@ -377,18 +377,9 @@ def _print(out: dict[str, Any], res: Any) -> None:
             f"at its mean: {out['nominal_iteration_time_s'] * 1e3:,.2f} ms). The timeline shows mean durations."
         )
     t = Table(title="Per pipeline rank (one tensor-parallel rank)")
-    for col in (
-        "rank",
-        "busy",
-        "idle",
-        "in-flight",
-        "weights",
-        "grads",
-        "optimizer",
-        "stashed",
-        "activations",
-        "total",
-    ):
+    cached = any(m["fp8_weight_cache_bytes"] for m in out["memory_breakdown_by_rank"])  # --fp8-weight-cache
+    for col in ("rank", "busy", "idle", "in-flight", "weights", "grads", "optimizer", "stashed",
+                *(["FP8 cache"] if cached else []), "activations", "total"):
         t.add_column(col, justify="right")
     for r, m in enumerate(out["memory_breakdown_by_rank"]):
         t.add_row(
@@ -400,6 +391,7 @@ def _print(out: dict[str, Any], res: Any) -> None:
             _gib(m["grad_bytes"]),
             _gib(m["optimizer_bytes"]),
             _gib(m["stashed_weight_bytes"]),
+            *([_gib(m["fp8_weight_cache_bytes"])] if cached else []),
             _gib(m["activation_bytes"]),
             _gib(m["total_bytes"]),
         )

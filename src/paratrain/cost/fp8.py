@@ -7,7 +7,7 @@ from __future__ import annotations
 from paratrain.cost.op import Op, _gemm_op
 from paratrain.errors import require_positive_int
 
-__all__ = ["FP8_GEMM_DTYPES", "fp8_cast_bytes"]
+__all__ = ["FP8_GEMM_DTYPES", "fp8_cast_bytes", "cached_weight_bytes"]
 
 # FP8 linear layers (ParallelConfig.gemm_dtype): current scaling, delayed scaling.
 FP8_GEMM_DTYPES = ("fp8", "fp8-delayed")
@@ -79,3 +79,10 @@ def _fp8_linears(ops: tuple[Op, ...], e: int, gemm_dtype: str, fused: bool, weig
         else:
             out.append(op)
     return tuple(out)
+
+
+def cached_weight_bytes(ops: tuple[Op, ...]) -> int:
+    """Memory of Transformer Engine's FP8 weight cache for a layer of ``ops`` (``fp8_weight_cache``):
+    every linear layer keeps its weight's FP8 copy and the transposed copy the backward's GEMM reads,
+    one byte an element each, from the step's first micro-batch to its end."""
+    return 2 * sum(op.gemm[1] * op.gemm[2] for op in ops if op.name in _LINEAR_GEMMS and op.gemm is not None)

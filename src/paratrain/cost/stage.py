@@ -27,6 +27,7 @@ from paratrain.cost.compute import (
 from paratrain.cost.context_parallel import kv_block_bytes, local_model, ring_exposed_s, ring_neighbours
 from paratrain.cost.dp_reduction import default_overlap_slowdown
 from paratrain.cost.elementwise import uses_dropout
+from paratrain.cost.fp8 import FP8_GEMM_DTYPES, cached_weight_bytes
 from paratrain.cost.memory import activation_bytes_per_layer, grad_dtype_bytes, norm_terms, optimizer_bytes
 from paratrain.cost.op import Op
 from paratrain.cost.sharding import (
@@ -274,6 +275,7 @@ class _Bundle:
     cp_comm: tuple[float, float] = (0.0, 0.0)  # ring time a layer's forward / backward adds (exposed)
     cp_buffer_bytes: int = 0
     p2p_gather_s: float = 0.0  # re-assembling a received scattered activation (_p2p_split)
+    fp8_cache_layer_bytes: int = 0  # a layer's cached FP8 weights if the run caches them (cost.fp8)
 
 
 def _p2p_split(cluster: ClusterSpec, tp: int, sp: bool) -> bool:
@@ -360,6 +362,9 @@ def _bundle(
             attention=attention, fused=fused, gemm_dtype=gemm_dtype,
         ) - layer.activation_bytes + cp_buffer,
         optimizer_bytes_per_param=optimizer_bytes(1, dtype), cp_comm=cp_comm, cp_buffer_bytes=cp_buffer,
+        fp8_cache_layer_bytes=cached_weight_bytes(_layer_ops(
+            model, tp=tp, sequence_parallel=sp, microbatch=1, fused=fused, dtype=dtype, attention=attention,
+            gemm_dtype=gemm_dtype)) if gemm_dtype in FP8_GEMM_DTYPES else 0,
     )
 
 
@@ -516,6 +521,7 @@ def chunk_costs(
             optimizer_bytes=o, grad_reduce_bytes=grads,
             p2p_bytes=bd.p2p_bytes, p2p_gather_s=bd.p2p_gather_s, model_flops=flops,
             transient_bytes=bd.transient_bytes + gathered,
+            fp8_cache_bytes=n * bd.fp8_cache_layer_bytes if config.fp8_weight_cache else 0,
             cp_comm_s=n * (cp_f + cp_b + cp_rec), fsdp_comm_s=fsdp_f + fsdp_b,
             forward_wait_s=n * (waits[0] + cp_f) + first * waits[2] + final * waits[4] + fsdp_f,
             backward_wait_s=n * (waits[1] + cp_b + wait_rec) + first * waits[3] + final * waits[5] + fsdp_b,

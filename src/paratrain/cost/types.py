@@ -46,6 +46,9 @@ class ChunkCost:
     # gradient) received as 1/tp slices (Megatron's scatter/gather, cost.stage._p2p_split): part
     # of each transfer between stages.
     p2p_gather_s: float = 0.0
+    # Transformer Engine's cached FP8 weights and their transposes (ParallelConfig.fp8_weight_cache,
+    # cost.fp8.cached_weight_bytes), held through the step like the weights.
+    fp8_cache_bytes: int = 0
 
     @property
     def backward_s(self) -> float:
@@ -55,7 +58,7 @@ class ChunkCost:
     @property
     def static_bytes(self) -> int:
         """Memory that does not depend on in-flight micro-batches."""
-        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes + self.fp8_cache_bytes
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class RankStats:
     wgt: tuple[float, ...]  # per rank: weight-gradient part of the backward
     chunk_work: tuple[float, ...]  # per chunk: forward + backward
     chunk_bwd_prefix: tuple[float, ...]  # prefix sums of per-chunk backward over chunk index
-    static: tuple[float, ...]  # per rank: weights + gradients + optimizer state
+    static: tuple[float, ...]  # per rank: weights + gradients + optimizer state (+ cached FP8 weights)
     weight: tuple[float, ...]  # per rank: weights
     grad: tuple[float, ...]  # per rank: gradients
     optimizer: tuple[float, ...]  # per rank: optimizer state
@@ -83,7 +83,7 @@ class RankStats:
             b = ck.recompute_s + ck.backward_input_s + ck.backward_weight_s
             bwd[r] += b
             wgt[r] += ck.backward_weight_s
-            stat[r] += ck.weight_bytes + ck.grad_bytes + ck.optimizer_bytes
+            stat[r] += ck.static_bytes
             wt[r] += ck.weight_bytes
             gr[r] += ck.grad_bytes
             opt[r] += ck.optimizer_bytes

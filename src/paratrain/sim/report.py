@@ -51,6 +51,7 @@ class MemoryBreakdown:
     optimizer_bytes: int
     stashed_weight_bytes: int  # extra weight versions of asynchronous schedules
     activation_bytes: int  # peak over the iteration (incl. a backward's recomputed layer)
+    fp8_weight_cache_bytes: int = 0  # Transformer Engine's cached FP8 weights (ChunkCost.fp8_cache_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -60,6 +61,7 @@ class MemoryBreakdown:
             + self.optimizer_bytes
             + self.stashed_weight_bytes
             + self.activation_bytes
+            + self.fp8_weight_cache_bytes
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -69,6 +71,7 @@ class MemoryBreakdown:
             "optimizer_bytes": self.optimizer_bytes,
             "stashed_weight_bytes": self.stashed_weight_bytes,
             "activation_bytes": self.activation_bytes,
+            "fp8_weight_cache_bytes": self.fp8_weight_cache_bytes,
             "total_bytes": self.total_bytes,
         }
 
@@ -206,6 +209,7 @@ def memory_by_rank(schedule: Schedule, costs: Sequence[ChunkCost]) -> tuple[Memo
                 optimizer_bytes=sum(costs[c].optimizer_bytes for c, _ in held),
                 stashed_weight_bytes=(versions[r] - 1) * w,
                 activation_bytes=peak,
+                fp8_weight_cache_bytes=sum(costs[c].fp8_cache_bytes for c, _ in held),
             )
         )
     return tuple(out)
