@@ -68,7 +68,7 @@ def test_posting_earlier_never_delays_anything(which, stages, per_stage, fwd, bw
     base = replace(uniform_timing(s, fwd, bwd), p2p_s=lambda src, dst, c: x * (1 + (src + dst + c) % 3) / 3)
     finish = [max(run_schedule(s, replace(base, prefetch_receives=k), record=False,
                                blocking_sends=blocking).finish_s) for k in range(4)]
-    for a, b in zip(finish, finish[1:]):
+    for a, b in zip(finish, finish[1:], strict=False):
         assert b <= a + 1e-9 * max(1.0, a)
 
 
