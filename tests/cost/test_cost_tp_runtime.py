@@ -198,3 +198,34 @@ def test_calibrate_prints_one_line_per_kind_and_group() -> None:
         "tensor-parallel all-gather over 4 processes in a layer (one group): 4 KiB 2.00 ms",
         "DTensor dispatch per tensor-parallel module: forward 200 us, backward 500 us",
     ]
+
+
+def test_partial_norm_gradients_are_reduced_once_per_step():
+    # The runtime sums the sequence-parallel norms' partial gradients over a step's micro-batches and
+    # all-reduces them once (runtime.tensor_parallel.accumulating_partial_grads): each micro-batch
+    # carries 1/m of those all-reduces; the asynchronous schedules step per micro-batch and pay them all.
+    from paratrain.cost.stage import partial_grad_accumulation
+
+    e, m = 4, 8
+    small = ("all_reduce", GPT.hidden * e)
+    one = _counts(tp_parts(GPT, sequence_parallel=True, microbatch=2, dtype="fp32")["layer"].backward)
+    acc = _counts(tp_parts(GPT, sequence_parallel=True, microbatch=2, dtype="fp32", accumulated=m)["layer"].backward)
+    assert acc[small] == pytest.approx(one[small] / m) and one[small] == 4  # LayerNorm weight and bias, twice
+    assert {k: v for k, v in acc.items() if k != small} == {k: v for k, v in one.items() if k != small}
+    sync = ParallelConfig(tp=2, pp=2, microbatch=2, global_batch=2 * m, sequence_parallel=True)
+    assert partial_grad_accumulation(sync) == m
+    assert partial_grad_accumulation(dataclasses.replace(sync, schedule="pipedream")) == 1
+    assert partial_grad_accumulation(dataclasses.replace(sync, sequence_parallel=False)) == 1
+    # the chunk's backward is shorter by (m - 1)/m of its norms' all-reduces, nothing else moves
+    from paratrain.cost.stage import tp_ranks
+    from paratrain.cost.tensor_parallel import collective_s
+
+    cluster = resolve_cluster("cpu", gpus=4)  # DTensor's collectives, as paratrain train runs them
+    fp32 = dataclasses.replace(sync, dtype="fp32")
+    many = chunk_costs(GPT, cluster, fp32)
+    single = chunk_costs(GPT, cluster, dataclasses.replace(fp32, global_batch=2))  # one micro-batch
+    saved = 4 * 4 * (1 - 1 / m) * collective_s(cluster, tp_ranks(fp32), *small)  # 4 layers a chunk
+    assert saved > 0
+    for a, b in zip(many, single, strict=True):
+        assert a.forward_s == b.forward_s
+        assert b.backward_s - a.backward_s == pytest.approx(saved, rel=1e-9)

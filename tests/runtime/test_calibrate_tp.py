@@ -24,7 +24,7 @@ from paratrain.spec.model import from_document
 
 HARNESS = Path(__file__).with_name("tp_comm_harness.py")
 sys.path.insert(0, str(HARNESS.parent))
-from tp_comm_harness import MICROBATCH, MODELS  # noqa: E402
+from tp_comm_harness import ACCUMULATED, MICROBATCH, MODELS  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -61,6 +61,23 @@ def _expected(case: str, phase: str) -> Counter:
 def test_dtensor_issues_what_the_cost_model_counts(recorded: dict[str, Any], case: str, phase: str) -> None:
     issued = Counter((kind, nbytes) for kind, nbytes in recorded["issued"][case][phase])
     assert issued == _expected(case, phase)
+
+
+@pytest.mark.parametrize("case", ["gpt", "llama"])
+def test_accumulated_micro_batches_reduce_the_norms_partial_gradients_once(recorded: dict[str, Any],
+                                                                            case: str) -> None:
+    # Three micro-batches (forward and backward each): every collective three times, except the
+    # norms' weight (and bias) gradient all-reduces, issued by the last backward only; the
+    # gradients equal those of reducing after every backward.
+    spec = from_document(MODELS[case])
+    norm = ("all_reduce", spec.hidden * 4)  # one fp32 norm parameter tensor (the loss's are as large here)
+    one = _expected(f"{case}-sp", "forward") + _expected(f"{case}-sp", "backward")
+    norms = spec.layers * 2 * (1 if spec.norm.value == "rmsnorm" else 2)
+    want = Counter({k: ACCUMULATED * v for k, v in one.items()})
+    want[norm] -= (ACCUMULATED - 1) * norms  # once per step, not once per micro-batch
+    got = recorded["issued"][f"{case}-sp-accumulated"]
+    assert Counter((kind, nbytes) for kind, nbytes in got["backward"]) == want
+    assert got["max_grad_difference"] < 1e-5  # fp32 sums in another order
 
 
 @pytest.mark.parametrize("sp", [False, True])

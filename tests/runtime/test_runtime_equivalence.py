@@ -62,6 +62,8 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gpt-tp2-sp": ("gpt", {"tp": 2, "sequence_parallel": True}, {}),
     # the pipeline engine with sequence parallelism: stages exchange the residual stream's slice
     "gpt-pp2-tp2-sp": ("gpt", {"pp": 2, "tp": 2, "sequence_parallel": True}, {}),
+    # the split backward: the norms' partial gradients summed over the W passes, reduced by the last
+    "gpt-pp2-tp2-sp-zb-h1": ("gpt", {"pp": 2, "tp": 2, "sequence_parallel": True, "schedule": "zb-h1"}, {}),
     "llama-single": ("llama", {}, {}),
     "llama-dp2-tp2": ("llama", {"dp": 2, "tp": 2}, {}),
     "bert-single": ("bert", {}, {}),
@@ -85,9 +87,10 @@ LAYOUTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "bert-tp2-cp2-sp": ("bert", {"tp": 2, "cp": 2, "sequence_parallel": True}, {}),
 }
 TRACED = {"gpt-dp2-buckets"}
-# float64 only (the stricter check): the context-parallel variants beyond cp 2 itself, to keep the
-# launch short; the fp32 path of ring attention is the same code
-FP64_ONLY = {n for n, (_, layout, _) in LAYOUTS.items() if layout.get("cp", 1) > 1} - {"gpt-cp2"}
+# float64 only (the stricter check): the context-parallel variants beyond cp 2 itself and the split
+# backward under tensor parallelism, to keep the launch short; their fp32 paths are the same code
+FP64_ONLY = ({n for n, (_, layout, _) in LAYOUTS.items() if layout.get("cp", 1) > 1} - {"gpt-cp2"}) | {
+    "gpt-pp2-tp2-sp-zb-h1"}
 
 
 def _world(layout: dict[str, Any]) -> int:
@@ -176,7 +179,7 @@ def _assert_same_params(params: dict[str, torch.Tensor], ref: dict[str, torch.Te
 
 
 @pytest.mark.parametrize("name", ["gpt-dp2", "gpt-dp2-ddp", "gpt-dp2-buckets", "gpt-tp2", "gpt-dp2-tp2",
-                                  "gpt-dp2-tp2-fsdp", "gpt-tp2-sp", "gpt-pp2-tp2-sp"])
+                                  "gpt-dp2-tp2-fsdp", "gpt-tp2-sp", "gpt-pp2-tp2-sp", "gpt-pp2-tp2-sp-zb-h1"])
 def test_gpt_layout_matches_single_process(runs: dict[str, dict[str, Any]], name: str) -> None:
     _assert_same_training(runs, name, "gpt-single")
 

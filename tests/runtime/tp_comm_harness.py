@@ -27,7 +27,12 @@ from torch.distributed.tensor.parallel import parallelize_module
 from paratrain.runtime.calibrate_tp import BLOCK_SHAPES, _block_spec, measure_tp_collectives, measure_tp_dispatch
 from paratrain.runtime.models import TransformerLM, build_model
 from paratrain.runtime.models.layers import Block
-from paratrain.runtime.tensor_parallel import apply_tensor_parallel, block_plan, loss_context
+from paratrain.runtime.tensor_parallel import (
+    accumulating_partial_grads,
+    apply_tensor_parallel,
+    block_plan,
+    loss_context,
+)
 from paratrain.spec.model import from_document
 
 GPT = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "vocab": 64, "dtype": "fp32", "name": "gpt"}
@@ -36,6 +41,7 @@ LLAMA = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "ffn": 48, "seq":
          "dtype": "fp32", "name": "llama"}
 MODELS = {"gpt": GPT, "llama": LLAMA}
 MICROBATCH = 2
+ACCUMULATED = 3  # micro-batches of the accumulated step
 _KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
           "reduce_scatter_tensor": "reduce_scatter"}
 
@@ -59,6 +65,10 @@ class Recorder(CommDebugMode):
         return out
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -77,6 +87,26 @@ def main() -> None:
             with Recorder() as bwd, loss_context(world):
                 loss.backward()
             issued[f"{name}{'-sp' if sp else ''}"] = {"forward": fwd.calls, "backward": bwd.calls}
+            if sp:
+                # a step of ACCUMULATED micro-batches as the step loop runs them: every backward but
+                # the last keeps the norms' partial gradients (accumulating_partial_grads)
+                model.zero_grad(set_to_none=True)
+                calls: list[list[Any]] = []
+                for i in range(ACCUMULATED):
+                    with accumulating_partial_grads(i < ACCUMULATED - 1), loss_context(world):
+                        with Recorder() as fwd:
+                            loss = TransformerLM.loss(model(x), y)
+                        with Recorder() as bwd:
+                            loss.backward()
+                    calls += fwd.calls + bwd.calls
+                issued[f"{name}-sp-accumulated"] = {"backward": calls}
+                grads = {n: _full(p.grad) for n, p in model.named_parameters()}
+                ref = apply_tensor_parallel(build_model(spec, 0), mesh, sequence_parallel=sp)
+                for _ in range(ACCUMULATED):  # every backward reducing its own: the same sums
+                    with loss_context(world):
+                        TransformerLM.loss(ref(x), y).backward()
+                worst = max(float((grads[n] - _full(p.grad)).abs().max()) for n, p in ref.named_parameters())
+                issued[f"{name}-sp-accumulated"]["max_grad_difference"] = worst
     # the calibration's bare block (no runtime gradient hooks), as measure_tp_collectives runs it
     hidden, seq, batch = BLOCK_SHAPES[0]
     spec = _block_spec(world, hidden, seq)

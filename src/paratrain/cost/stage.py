@@ -46,7 +46,7 @@ from paratrain.spec.cluster import ClusterSpec
 from paratrain.spec.device import DeviceSpec
 from paratrain.spec.model import Arch, ModelSpec
 
-__all__ = ["chunk_costs", "PartCost", "layer_cost", "layer_params_per_rank", "tp_ranks"]
+__all__ = ["chunk_costs", "PartCost", "layer_cost", "layer_params_per_rank", "partial_grad_accumulation", "tp_ranks"]
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _ring_transfer_s(nbytes: int, ranks: tuple[int, ...], cluster: ClusterSpec) 
 @lru_cache(maxsize=4096)
 def _tp_comm(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
-    dtype: str,
+    dtype: str, accumulated: int = 1,
 ) -> tuple[float, float, float, float, float, float]:
     """Tensor-parallel time per micro-batch: (layer forward, layer backward, embedding forward,
     embedding backward, head forward, head backward).
@@ -227,7 +227,7 @@ def _tp_comm(
     (:mod:`paratrain.cost.tensor_parallel`).
     """
     parts = tp_parts(model, sequence_parallel=sequence_parallel, microbatch=microbatch, dtype=dtype,
-                     runtime=cluster.tensor_parallel)
+                     runtime=cluster.tensor_parallel, accumulated=accumulated)
     out: list[float] = []
     for name in ("layer", "embedding", "head"):
         cf, cb, df, db = tp_part_times(parts[name], cluster, ranks)
@@ -239,12 +239,12 @@ def _tp_comm(
 @lru_cache(maxsize=4096)
 def _tp_dispatch(
     model: ModelSpec, cluster: ClusterSpec, ranks: tuple[int, ...], sequence_parallel: bool, microbatch: int,
-    dtype: str,
+    dtype: str, accumulated: int = 1,
 ) -> tuple[float, float, float, float, float, float]:
     """The host work inside :func:`_tp_comm`'s times, in the same order: DTensor's dispatch and
     the collectives' own CPU (the rest of those times is waiting, which takes no core)."""
     parts = tp_parts(model, sequence_parallel=sequence_parallel, microbatch=microbatch, dtype=dtype,
-                     runtime=cluster.tensor_parallel)
+                     runtime=cluster.tensor_parallel, accumulated=accumulated)
     out: list[float] = []
     for name in ("layer", "embedding", "head"):
         _, _, df, db = tp_part_times(parts[name], cluster, ranks)
@@ -329,11 +329,11 @@ def _overlapped_tp_comm(
 def _bundle(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tp: int, sp: bool, mb: int, rc: Recompute, fused: bool,
     ranks: tuple[int, ...], attention: str = "math", cp: int = 1, cp_group: tuple[int, ...] = (),
-    gemm_dtype: str | None = None, tp_overlap: str = "none", fp8_weight_reuse: int = 1,
+    gemm_dtype: str | None = None, tp_overlap: str = "none", fp8_weight_reuse: int = 1, accumulated: int = 1,
 ) -> _Bundle:
     device = cluster.device
     layer = layer_cost(model, device, dtype, tp, sp, mb, rc, fused, attention, cp, gemm_dtype, fp8_weight_reuse)
-    comm = _tp_comm(model, cluster, ranks, sp, mb, dtype)
+    comm = _tp_comm(model, cluster, ranks, sp, mb, dtype, accumulated)
     if tp_overlap != "none" and tp > 1:
         comm = _overlapped_tp_comm(model, cluster, ranks, mb, dtype, fused, attention, gemm_dtype, comm, tp_overlap,
                                    fp8_weight_reuse)
@@ -412,6 +412,17 @@ def fp8_weight_reuse(config: ParallelConfig) -> int:
     return config.num_microbatches * (2 if config.recompute is Recompute.FULL else 1)
 
 
+def partial_grad_accumulation(config: ParallelConfig) -> int:
+    """Micro-batches whose partial tensor-parallel gradients (the sequence-parallel norms') the
+    runtime sums before it all-reduces them once (``runtime.tensor_parallel.accumulating_partial_grads``):
+    every micro-batch of a step, or one under the asynchronous schedules, which step after each
+    (PipeDream) or keep their weight versions' gradients apart (2BW). 1 without sequence
+    parallelism, where nothing is left partial."""
+    if not (config.sequence_parallel and config.tp > 1) or config.schedule.is_async:
+        return 1
+    return config.num_microbatches
+
+
 def chunk_costs(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, fused: bool = False
 ) -> list[ChunkCost]:
@@ -442,12 +453,12 @@ def chunk_costs(
     bd = _bundle(local_model(model, config.cp), cluster, config.dtype, config.tp, config.sequence_parallel,
                  config.microbatch, config.recompute, fused, ranks, attention, config.cp, cp_group,
                  gemm_dtype=config.gemm_dtype, tp_overlap=config.tp_overlap,
-                 fp8_weight_reuse=fp8_weight_reuse(config))
+                 fp8_weight_reuse=fp8_weight_reuse(config), accumulated=partial_grad_accumulation(config))
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
     cp_f, cp_b = bd.cp_comm
     cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0
     disp = _tp_dispatch(local_model(model, config.cp), cluster, ranks, config.sequence_parallel, config.microbatch,
-                        config.dtype)
+                        config.dtype, partial_grad_accumulation(config))
     waits = [c - d for c, d in zip(comm, disp, strict=True)]  # the collectives' waiting, without host work
     wait_rec = waits[0] + cp_f if config.recompute is Recompute.FULL else 0.0  # the recomputed forward's
     # Parameters are replicated over cp: sharding and gradient reduction span the dp-cp group (Megatron-LM's

@@ -18,7 +18,10 @@ tests/runtime/test_calibrate_tp.py). With ``T`` tokens per micro-batch, ``h`` th
   sequence parallelism they stay all-reduces (the gradient of a ``Replicate`` input is reduced to
   ``Replicate``, then sliced), the row-parallel reduce-scatters' backward adds 2 all-gathers of
   ``A``, and the norms' replicated weights (and biases), applied to sequence shards, all-reduce
-  their partial gradients: one all-reduce of ``h`` per norm parameter tensor;
+  their partial gradients: one all-reduce of ``h`` per norm parameter tensor, issued once for the
+  ``accumulated`` micro-batches whose gradients the runtime sums before it reduces them
+  (``runtime.tensor_parallel.accumulating_partial_grads``: a step's micro-batches, or one under
+  the asynchronous pipeline schedules, which step after every micro-batch);
 - the vocabulary-parallel embedding all-reduces its output (``A``; its backward, on token ids,
   needs none; with sequence parallelism its sequence slice's backward all-gathers ``A``);
 - the head's column-parallel output projection all-reduces its input gradient (``A``; with
@@ -60,11 +63,12 @@ LOSS_VALUES_PER_TOKEN = 3  # loss_parallel: row maximum, sum of exponentials, ta
 @dataclass(frozen=True)
 class TPCollective:
     """``count`` collectives of ``kind`` over the tensor-parallel group, ``nbytes`` per rank each
-    (the input of an all-reduce or reduce-scatter, the output of an all-gather)."""
+    (the input of an all-reduce or reduce-scatter, the output of an all-gather). A fraction is a
+    collective issued once for several micro-batches, charged as its share of each."""
 
     kind: str
     nbytes: int
-    count: int
+    count: float
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,13 @@ def _megatron_parts(act: int, loss: TPCollective, sequence_parallel: bool) -> di
 
 
 def tp_parts(
-    model: ModelSpec, *, sequence_parallel: bool, microbatch: int, dtype: str, runtime: str = "dtensor"
+    model: ModelSpec, *, sequence_parallel: bool, microbatch: int, dtype: str, runtime: str = "dtensor",
+    accumulated: int = 1,
 ) -> dict[str, TPPart]:
     """The collectives issued per micro-batch by a layer, the embedding and the head
     (``{"layer", "embedding", "head"}``): as DTensor runs paratrain's plan (``runtime="dtensor"``,
-    derived in this module's docstring) or as Megatron-LM's fused layers do (``"megatron"``)."""
+    derived in this module's docstring) or as Megatron-LM's fused layers do (``"megatron"``).
+    ``accumulated``: micro-batches whose partial norm gradients are reduced together (see there)."""
     e = dtype_bytes(dtype)
     tokens = microbatch * model.seq
     act = tokens * model.hidden * e
@@ -119,7 +125,7 @@ def tp_parts(
         layer = TPPart(
             forward=(TPCollective("all_gather", act, 2), TPCollective("reduce_scatter", act, row)),
             backward=(TPCollective("all_reduce", act, column), TPCollective("all_gather", act, row),
-                      TPCollective("all_reduce", model.hidden * e, norms)),
+                      TPCollective("all_reduce", model.hidden * e, norms / accumulated)),
             modules=column + row + 4,  # + the two norms and the two gathered inputs
         )
         embedding = TPPart(forward=(TPCollective("all_reduce", act, 1),),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from paratrain.cost.compute import resolve_attention
+from paratrain.cost.stage import partial_grad_accumulation
 from paratrain.cost.throughput import throughput
 from paratrain.cost.types import ChunkCost
 from paratrain.errors import ConfigError, require_at_most
@@ -157,6 +158,7 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
         config.gemm_dtype,
         config.tp_overlap,
         config.fp8_weight_cache and config.num_microbatches,  # cached FP8 weights: one cast per step
+        partial_grad_accumulation(config),  # partial norm gradients reduced once per step
         None if tp_inner else config.mesh_order,
         config.schedule is ScheduleName.ZB_H1,
     )

@@ -26,7 +26,7 @@ from .data_parallel import GradSync, local_tensor
 from .mesh import RuntimeContext
 from .metrics import Tracer
 from .models import TransformerLM
-from .tensor_parallel import loss_context
+from .tensor_parallel import accumulating_partial_grads, loss_context
 
 __all__ = ["StepOutput", "StepExecutor", "SingleStageExecutor"]
 
@@ -87,7 +87,7 @@ class SingleStageExecutor:
             inputs, targets = (x.to(self.ctx.device, non_blocking=True) for x in batch.microbatch(i))
             # every backward but the last accumulates without reducing (gradient accumulation)
             sync = self.grad_sync.accumulate() if i < n - 1 else contextlib.nullcontext()
-            with sync:
+            with sync, accumulating_partial_grads(i < n - 1):
                 self.phase.name = f"step {step} forward of micro-batch {i}"
                 with self.tracer.span(f"F{i}@c0", microbatch=i), self.autocast(), loss_context(self.tp):
                     loss = self.loss(self.model(inputs), targets) / n

@@ -54,6 +54,7 @@ from paratrain.schedule.ir import Action, ActionKind, Schedule
 from paratrain.trace import CATEGORY_OF_KIND
 
 from .comm import layer as comm
+from .tensor_parallel import accumulating_partial_grads
 
 __all__ = ["LocalChunk", "StepHooks", "PipelineEngine", "ActionSpan", "accumulation_count"]
 
@@ -203,6 +204,8 @@ class PipelineEngine:
         self.losses: dict[int, float] = {}  # micro-batch -> unscaled loss (last chunk only)
         self.steps_done = 0
         self._last_use = self._version_last_use()
+        self._defer_partial = self._more_weight_grads_follow()
+        self._current = -1  # index of the action being executed
         self._stash: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}  # (chunk, replica, version)
 
     # ----- running -------------------------------------------------------------------------------
@@ -251,6 +254,7 @@ class PipelineEngine:
             raise RuntimeError(f"pipeline rank {self.rank}: tensors of {leftover[:4]} were never consumed")
 
     def _execute(self, a: Action, index: int) -> None:
+        self._current = index
         k = a.kind
         if k is K.FORWARD:
             self._forward(a)
@@ -339,8 +343,9 @@ class PipelineEngine:
         weights = self._weights(ch, version)
         targets = ([] if x_in is None else [x_in]) + weights
         if version is None:
-            # current weights: let autograd accumulate into .grad (no extra add per parameter)
-            with ctx:
+            # current weights: let autograd accumulate into .grad (no extra add per parameter); the
+            # tensor-parallel partial gradients are reduced by the chunk's last backward of the step
+            with ctx, accumulating_partial_grads(self._current in self._defer_partial):
                 torch.autograd.backward(out, grad_tensors=grad_out, inputs=targets)
             if x_in is not None:
                 gx, x_in.grad = x_in.grad, None
@@ -362,9 +367,11 @@ class PipelineEngine:
         groups, version = split
         weights = self._weights(ch, version)
         if version is None:
-            stage_backward_weight(iter(weights), groups)  # accumulates into the live .grad
+            later = self._current in self._defer_partial  # a later W of the chunk reduces the partial sums
+            with accumulating_partial_grads(later):
+                stage_backward_weight(iter(weights), groups)  # accumulates into the live .grad
             for w in weights:
-                if w.grad is not None:
+                if w.grad is not None and not (later and _is_partial(w.grad)):
                     w.grad = _like_param(w.grad, w)
             return
         before = [w.grad for w in weights]
@@ -395,6 +402,25 @@ class PipelineEngine:
                     p.grad = g.detach().clone() if g.requires_grad else g
                 else:
                     p.grad.add_(g)
+
+    def _more_weight_grads_follow(self) -> set[int]:
+        """Indices of the backward actions (B, W) after which the same chunk computes weight
+        gradients again before its gradients are used (its reduction R, the rank's optimizer step
+        U): their partial tensor-parallel gradients can wait for the later one
+        (tensor_parallel.accumulating_partial_grads)."""
+        out: set[int] = set()
+        pending: dict[tuple[int | None, int], int] = {}  # (chunk, replica) -> its latest backward since U
+        for i, a in enumerate(self.actions):
+            if a.kind is K.OPTIMIZER_STEP:
+                pending.clear()
+            elif a.kind is K.REDUCE_GRAD:
+                pending.pop((a.chunk, a.replica), None)
+            elif a.kind is K.BACKWARD or a.kind is K.BACKWARD_WEIGHT:
+                key = (a.chunk, a.replica)
+                if key in pending:
+                    out.add(pending[key])
+                pending[key] = i
+        return out
 
     # ----- weight versions -----------------------------------------------------------------------
     def _version_last_use(self) -> dict[tuple[int, int, int], int]:
@@ -496,6 +522,12 @@ def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
         return g.redistribute(p.device_mesh, p.placements)
     return g
+
+
+def _is_partial(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor) and t.device_mesh.ndim == 1 and any(pl.is_partial() for pl in t.placements)
 
 
 def _local(t: Any) -> torch.Tensor:

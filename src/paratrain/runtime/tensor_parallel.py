@@ -106,12 +106,33 @@ def apply_tensor_parallel(model: TransformerLM | ModelChunk, tp_mesh: DeviceMesh
     return model
 
 
+_accumulating = False  # inside a backward that more backward passes follow before the gradients are used
+
+
+@contextlib.contextmanager
+def accumulating_partial_grads(active: bool = True) -> Iterator[None]:
+    """A backward inside leaves the gradients DTensor makes partial (the sequence-parallel norms'
+    weights and biases, applied to sequence shards) partial: they accumulate locally, and the first
+    backward outside all-reduces their sum once. Megatron-LM all-reduces these gradients once per
+    step too (``finalize_model_grads``); DTensor's hook would otherwise reduce them after every
+    micro-batch. Use it for every backward of a step but the last that reaches those weights."""
+    global _accumulating
+    before, _accumulating = _accumulating, active
+    try:
+        yield
+    finally:
+        _accumulating = before
+
+
 def _grad_like_param(p: torch.Tensor) -> None:
     # The vocabulary-parallel embedding's backward yields a Replicate() gradient for its Shard(0)
     # table (DTensor's embedding-backward strategy). Give every gradient its parameter's placements
     # (Replicate -> Shard is a local slice, no communication) so gradient reduction, the norm and
     # AdamW see the shard this rank owns.
     g = p.grad
+    if _accumulating and isinstance(g, DTensor) and g.device_mesh.ndim == 1 and any(
+            pl.is_partial() for pl in g.placements):
+        return  # summed locally until the last backward's hook reduces it (accumulating_partial_grads)
     if isinstance(g, DTensor) and g.placements != p.placements:
         p.grad = g.redistribute(p.device_mesh, p.placements)
 

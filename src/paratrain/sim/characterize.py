@@ -242,7 +242,7 @@ def _tp_calls(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, st
     """The tensor-parallel collectives of every chunk and micro-batch, counted and timed as the
     cost model does (:mod:`paratrain.cost.tensor_parallel`, :mod:`paratrain.cost.stage`)."""
     from paratrain.cost.collectives import collective_time
-    from paratrain.cost.stage import tp_ranks
+    from paratrain.cost.stage import partial_grad_accumulation, tp_ranks
     from paratrain.cost.tensor_parallel import measured_time, tp_parts
     from paratrain.parallel.config import Recompute
 
@@ -250,7 +250,8 @@ def _tp_calls(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, st
         return []
     ranks = tp_ranks(config)
     parts = tp_parts(model, sequence_parallel=config.sequence_parallel, microbatch=config.microbatch,
-                     dtype=config.dtype, runtime=cluster.tensor_parallel)
+                     dtype=config.dtype, runtime=cluster.tensor_parallel,
+                     accumulated=partial_grad_accumulation(config))
     memo: dict[tuple[str, int], float] = {}
 
     def seconds(kind: str, nbytes: int) -> float:
