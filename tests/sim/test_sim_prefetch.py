@@ -74,10 +74,10 @@ def test_posting_earlier_never_delays_anything(which, stages, per_stage, fwd, bw
 
 def test_the_backend_default_is_what_the_runtime_runs() -> None:
     cfg = ParallelConfig(pp=2, global_batch=8)
-    assert prefetch_receives_on(cfg, "cpu") == GLOO_PREFETCH_RECEIVES == 2  # gloo
-    assert prefetch_receives_on(cfg, "a100-80gb") == 0  # NCCL
-    assert prefetch_receives_on(replace(cfg, prefetch_receives=1), "a100-80gb") == 1
-    assert prefetch_receives_on(replace(cfg, prefetch_receives=0), "cpu") == 0
+    assert prefetch_receives_on(cfg, gloo=True) == GLOO_PREFETCH_RECEIVES == 2  # gloo
+    assert prefetch_receives_on(cfg, gloo=False) == 0  # NCCL
+    assert prefetch_receives_on(replace(cfg, prefetch_receives=1), gloo=False) == 1
+    assert prefetch_receives_on(replace(cfg, prefetch_receives=0), gloo=True) == 0
 
 
 def test_simulate_config_runs_with_the_configured_receives_ahead() -> None:

@@ -158,12 +158,12 @@ def check_prefetch_receives(value: Any, field: str = "prefetch_receives") -> Non
     require_at_most(field, value, MAX_PREFETCH_RECEIVES, "receives posted ahead")
 
 
-def prefetch_receives_on(config: ParallelConfig, device_name: str) -> int:
-    """The receives posted ahead that ``config`` runs with on a device: its own figure, else the
-    runtime's default for the backend that device trains with (gloo on ``cpu``, NCCL otherwise)."""
+def prefetch_receives_on(config: ParallelConfig, *, gloo: bool) -> int:
+    """The receives posted ahead that ``config`` runs with: its own figure, else the runtime's
+    default for its backend (gloo, as on the ``cpu`` device, or NCCL)."""
     if config.prefetch_receives is not None:
         return config.prefetch_receives
-    return GLOO_PREFETCH_RECEIVES if device_name == "cpu" else 0
+    return GLOO_PREFETCH_RECEIVES if gloo else 0
 
 
 def check_tp_overlap_name(value: Any, field: str = "tp_overlap") -> None:

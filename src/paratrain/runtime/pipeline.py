@@ -54,7 +54,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.config import GLOO_PREFETCH_RECEIVES, ParallelConfig
+from paratrain.parallel.config import ParallelConfig, prefetch_receives_on
 from paratrain.schedule.ir import ActionKind, Schedule
 from paratrain.schedule.registry import generate
 from paratrain.schedule.validate import validate
@@ -103,9 +103,7 @@ def prefetch_receives(train: TrainConfig, config: ParallelConfig, backend: str) 
     (``ParallelConfig.prefetch_receives``, as a plan wrote it), else the backend's default."""
     if train.prefetch_receives is not None:
         return train.prefetch_receives
-    if config.prefetch_receives is not None:
-        return config.prefetch_receives
-    return GLOO_PREFETCH_RECEIVES if backend == "gloo" else 0
+    return prefetch_receives_on(config, gloo=backend == "gloo")
 
 
 def check_same_schedule(schedule: Schedule, rank: int, world: int, group: dist.ProcessGroup | None = None) -> None:
