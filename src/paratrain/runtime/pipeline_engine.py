@@ -54,7 +54,7 @@ from paratrain.schedule.ir import Action, ActionKind, Schedule
 from paratrain.trace import CATEGORY_OF_KIND
 
 from .comm import layer as comm
-from .tensor_parallel import accumulating_partial_grads
+from .tensor_parallel import accumulating_partial_grads, is_partial_grad
 
 __all__ = ["LocalChunk", "StepHooks", "PipelineEngine", "ActionSpan", "accumulation_count"]
 
@@ -371,7 +371,7 @@ class PipelineEngine:
             with accumulating_partial_grads(later):
                 stage_backward_weight(iter(weights), groups)  # accumulates into the live .grad
             for w in weights:
-                if w.grad is not None and not (later and _is_partial(w.grad)):
+                if w.grad is not None and not (later and is_partial_grad(w.grad)):
                     w.grad = _like_param(w.grad, w)
             return
         before = [w.grad for w in weights]
@@ -522,12 +522,6 @@ def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
         return g.redistribute(p.device_mesh, p.placements)
     return g
-
-
-def _is_partial(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor) and t.device_mesh.ndim == 1 and any(pl.is_partial() for pl in t.placements)
 
 
 def _local(t: Any) -> torch.Tensor:

@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (
 
 from .models.base import ModelChunk, TransformerLM
 
-__all__ = ["apply_tensor_parallel", "loss_context", "block_plan"]
+__all__ = ["apply_tensor_parallel", "loss_context", "block_plan", "accumulating_partial_grads", "is_partial_grad"]
 
 
 def block_plan(swiglu: bool, sequence_parallel: bool = False) -> dict[str, object]:
@@ -124,14 +124,19 @@ def accumulating_partial_grads(active: bool = True) -> Iterator[None]:
         _accumulating = before
 
 
+def is_partial_grad(g: torch.Tensor | None) -> bool:
+    """A tensor-parallel gradient DTensor left partial (one-dimensional tp mesh: FSDP2's
+    two-dimensional parameters reduce their own): what accumulating_partial_grads defers."""
+    return isinstance(g, DTensor) and g.device_mesh.ndim == 1 and any(pl.is_partial() for pl in g.placements)
+
+
 def _grad_like_param(p: torch.Tensor) -> None:
     # The vocabulary-parallel embedding's backward yields a Replicate() gradient for its Shard(0)
     # table (DTensor's embedding-backward strategy). Give every gradient its parameter's placements
     # (Replicate -> Shard is a local slice, no communication) so gradient reduction, the norm and
     # AdamW see the shard this rank owns.
     g = p.grad
-    if _accumulating and isinstance(g, DTensor) and g.device_mesh.ndim == 1 and any(
-            pl.is_partial() for pl in g.placements):
+    if _accumulating and is_partial_grad(g):
         return  # summed locally until the last backward's hook reduces it (accumulating_partial_grads)
     if isinstance(g, DTensor) and g.placements != p.placements:
         p.grad = g.redistribute(p.device_mesh, p.placements)
