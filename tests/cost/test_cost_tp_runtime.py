@@ -13,7 +13,7 @@ import json
 from collections import Counter
 
 import pytest
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
 from paratrain.cost.collectives import collective_time
 from paratrain.cost.stage import chunk_costs
@@ -45,23 +45,26 @@ def test_dtensor_layer_collectives_follow_the_runtime_plan(model, sp: bool) -> N
     plan = block_plan(model.activation.value == "swiglu", sequence_parallel=sp)
     column = sum(isinstance(s, ColwiseParallel) for s in plan.values())
     row = sum(isinstance(s, RowwiseParallel) for s in plan.values())
+    shared = sum(isinstance(s, PrepareModuleInput) for s in plan.values())  # attention's and MLP's input
     mb, e = 4, 4
     act = mb * model.seq * model.hidden * e
     layer = tp_parts(model, sequence_parallel=sp, microbatch=mb, dtype="fp32")["layer"]
     if not sp:
-        # forward: each row-parallel Linear reduces its partial sums; backward: each column-parallel
-        # Linear reduces its partial input gradient (Megatron's fused QKV would reduce once)
+        # forward: each row-parallel Linear reduces its partial sums; backward: the column-parallel
+        # Linears of a half-block share one input, whose summed partial gradient is reduced once
+        # (as Megatron's fused QKV)
         assert _counts(layer.forward) == {("all_reduce", act): row}
-        assert _counts(layer.backward) == {("all_reduce", act): column}
-        assert layer.modules == column + row
+        assert _counts(layer.backward) == {("all_reduce", act): shared}
+        assert layer.modules == len(plan) == column + row + shared
     else:
         norm_tensors = 2 * (1 if model.norm.value == "rmsnorm" else 2)  # weight (+ bias) of two norms
-        assert _counts(layer.forward) == {("all_gather", act): 2, ("reduce_scatter", act): row}
-        assert _counts(layer.backward) == {("all_reduce", act): column, ("all_gather", act): row,
+        assert _counts(layer.forward) == {("all_gather", act): shared, ("reduce_scatter", act): row}
+        assert _counts(layer.backward) == {("reduce_scatter", act): shared, ("all_gather", act): row,
                                            ("all_reduce", model.hidden * e): norm_tensors}
         # one dispatch for every module of the runtime's plan: the Linears, the two sequence-parallel
         # norms and the two inputs gathered back (attention and MLP)
-        assert layer.modules == len(plan) == column + row + 4
+        assert layer.modules == len(plan) == column + row + 2 + shared
+    assert shared == 2
     assert (column, row) == ((5, 2) if model is LLAMA else (4, 2))
 
 
@@ -112,7 +115,7 @@ def test_chunk_tp_time_is_measured_collectives_plus_dispatch() -> None:
     cluster = dataclasses.replace(base, device=dev, measured_collectives=table, tensor_parallel="dtensor")
     (c,) = chunk_costs(GPT, cluster, ParallelConfig(tp=4, microbatch=mb, global_batch=16, dtype="fp32"))
     t_act, t_loss = 0.01, 0.005 + 0.005 * loss / act
-    layer = (2 + 4) * t_act + 6 * (1e-4 + 3e-4)
+    layer = (2 + 2) * t_act + 8 * (1e-4 + 3e-4)  # 6 Linears and the 2 shared inputs
     embedding = t_act + 1e-4 + 3e-4
     head = 3 * t_loss + t_act + 2 * (1e-4 + 3e-4)
     assert c.tp_comm_s == pytest.approx(GPT.layers * layer + embedding + head, rel=1e-12)
@@ -133,8 +136,8 @@ def test_a_collectives_cpu_is_host_work_and_the_rest_a_wait(cores: int, rate: fl
     part = tp_parts(GPT, sequence_parallel=False, microbatch=mb, dtype="fp32")["layer"]
     wait = 0.01 - 3e-3 / rate
     f, b, _, _ = tp_part_times(part, cpu, (0, 1, 2, 3))
-    assert (f, b) == pytest.approx((2 * (3e-3 + wait), 4 * (3e-3 + wait)), rel=1e-12)
-    assert tp_part_cpu(part, cpu, (0, 1, 2, 3)) == pytest.approx((2 * 3e-3, 4 * 3e-3), rel=1e-12)
+    assert (f, b) == pytest.approx((2 * (3e-3 + wait), 2 * (3e-3 + wait)), rel=1e-12)
+    assert tp_part_cpu(part, cpu, (0, 1, 2, 3)) == pytest.approx((2 * 3e-3, 2 * 3e-3), rel=1e-12)
     assert tp_part_cpu(part, base, (0, 1, 2, 3)) == (0.0, 0.0)  # not measured: all of it a wait
     config = ParallelConfig(tp=4, microbatch=mb, global_batch=16, dtype="fp32")
     (with_cpu,), (without,) = chunk_costs(GPT, cpu, config), chunk_costs(GPT, base, config)
@@ -150,7 +153,7 @@ def test_unmeasured_group_falls_back_to_the_alpha_beta_model() -> None:
     f, b, _, _ = tp_part_times(part, cluster, (0, 1, 2, 3))
     act = GPT.seq * GPT.hidden * 4
     assert f == pytest.approx(2 * collective_time("all_reduce", act, (0, 1, 2, 3), cluster).time_s)
-    assert b == pytest.approx(4 * collective_time("all_reduce", act, (0, 1, 2, 3), cluster).time_s)
+    assert b == pytest.approx(2 * collective_time("all_reduce", act, (0, 1, 2, 3), cluster).time_s)
     assert tp_part_times(part, cluster, (0,)) == (0.0, 0.0, 0.0, 0.0)
 
 

@@ -25,13 +25,14 @@ def _layer(sp: bool, g: int = 2, shape: tuple[int, int, int] = BLOCK_SHAPES[-1])
 @pytest.mark.parametrize("rate", [1.0, 0.5])
 def test_a_block_without_sequence_parallelism_splits_evenly_over_its_all_reduces(rate: float) -> None:
     layer = _layer(False)
-    # 6 modules (q, k, v, o, fc1, fc2), 2 all-reduces forward and 4 backward: 6 a + 6 D / r
-    assert layer.modules == 6 and sum(c.count for c in (*layer.forward, *layer.backward)) == 6
-    added = 6 * D / rate + 6 * 2.5e-3
+    # 8 modules (q, k, v, o, fc1, fc2 and the two shared inputs), 2 all-reduces forward and 2
+    # backward: 4 a + 8 D / r
+    assert layer.modules == 8 and sum(c.count for c in (*layer.forward, *layer.backward)) == 4
+    added = 8 * D / rate + 4 * 2.5e-3
     assert per_collective(added, layer, D, rate, lambda n: None) == pytest.approx(2.5e-3, rel=1e-12)
 
 
-def test_a_block_with_sequence_parallelism_takes_its_all_reduces_off_at_their_line() -> None:
+def test_a_block_with_sequence_parallelism_splits_evenly_over_its_gathers_and_scatters() -> None:
     h, seq, batch = BLOCK_SHAPES[-1]
     act = batch * seq * h * 4
     part = block_part(_block_spec(2, h, seq), True, batch)
@@ -39,16 +40,18 @@ def test_a_block_with_sequence_parallelism_takes_its_all_reduces_off_at_their_li
     def line(n: int) -> float:
         return 1e-3 + n * 1e-9
 
-    # forward 2 all-gathers + 2 reduce-scatters, backward 4 all-reduces of the activation and 2
-    # all-gathers; the layer's norm-gradient all-reduces (one per norm parameter tensor) are the
-    # runtime's hooks', which the bare block does not have
+    # forward 2 all-gathers + 2 reduce-scatters, backward 2 reduce-scatters (the shared inputs'
+    # summed gradients) + 2 all-gathers, no all-reduce of the activation; the layer's
+    # norm-gradient all-reduces (one per norm parameter tensor) are the runtime's hooks', which the
+    # bare block does not have
     assert sum(c.count for c in part.forward) == 4
-    assert sorted((c.nbytes, c.count) for c in part.backward if c.kind == "all_reduce") == [(act, 4)]
+    assert sorted((c.kind, c.nbytes, c.count) for c in part.backward) == [("all_gather", act, 2),
+                                                                         ("reduce_scatter", act, 2)]
     layer = _layer(True)
-    assert sorted((c.nbytes, c.count) for c in layer.backward if c.kind == "all_reduce") == [(h * 4, 4), (act, 4)]
+    assert sorted((c.nbytes, c.count) for c in layer.backward if c.kind == "all_reduce") == [(h * 4, 4)]
     assert part.modules == layer.modules and part.forward == layer.forward
     y = 1.7e-3
-    added = part.modules * D + 4 * line(act) + 6 * y
+    added = part.modules * D + 8 * y
     assert per_collective(added, part, D, 1.0, line) == pytest.approx(y, rel=1e-9)
 
 

@@ -12,16 +12,17 @@ tests/runtime/test_calibrate_tp.py). With ``T`` tokens per micro-batch, ``h`` th
   their partial sums: 2 all-reduces of ``A`` (Megatron's two), with sequence parallelism 2
   reduce-scatters into the sequence-split residual stream plus 2 all-gathers of ``A`` where the
   attention and MLP inputs are gathered back (``PrepareModuleInput``);
-- backward, per layer: *every* column-parallel linear turns its replicated input into a DTensor of
-  its own, so each one all-reduces its partial input gradient: Q, K, V and the first MLP GEMM (and
-  the SwiGLU gate) are 4 (5) all-reduces of ``A``, where Megatron-LM's fused QKV needs 2. With
-  sequence parallelism they stay all-reduces (the gradient of a ``Replicate`` input is reduced to
-  ``Replicate``, then sliced), the row-parallel reduce-scatters' backward adds 2 all-gathers of
-  ``A``, and the norms' replicated weights (and biases), applied to sequence shards, all-reduce
-  their partial gradients: one all-reduce of ``h`` per norm parameter tensor, issued once for the
-  ``accumulated`` micro-batches whose gradients the runtime sums before it reduces them
-  (``runtime.tensor_parallel.accumulating_partial_grads``: a step's micro-batches, or one under
-  the asynchronous pipeline schedules, which step after every micro-batch);
+- backward, per layer: the column-parallel linears of each half-block (Q, K, V; the first MLP
+  GEMM and the SwiGLU gate) share one ``Replicate`` DTensor input (``PrepareModuleInput`` on
+  attention and MLP), so autograd sums their partial input gradients before the input's conversion
+  reduces them: 2 all-reduces of ``A``, Megatron-LM's two (fused QKV). With sequence parallelism
+  that reduction is a reduce-scatter into the sequence shards (2 of ``A``), the row-parallel
+  reduce-scatters' backward adds 2 all-gathers of ``A``, and the norms' replicated weights (and
+  biases), applied to sequence shards, all-reduce their partial gradients: one all-reduce of ``h``
+  per norm parameter tensor, issued once for the ``accumulated`` micro-batches whose gradients the
+  runtime sums before it reduces them (``runtime.tensor_parallel.accumulating_partial_grads``: a
+  step's micro-batches, or one under the asynchronous pipeline schedules, which step after every
+  micro-batch);
 - the vocabulary-parallel embedding all-reduces its output (``A``; its backward, on token ids,
   needs none; with sequence parallelism its sequence slice's backward all-gathers ``A``);
 - the head's column-parallel output projection all-reduces its input gradient (``A``; with
@@ -120,13 +121,14 @@ def tp_parts(
         return _megatron_parts(act, loss, sequence_parallel)
     column = 5 if model.activation.gated else 4  # q, k, v, fc1 (+ gate)
     row = 2  # attention output, fc2
+    halves = 2  # attention and MLP: one shared input each
     if sequence_parallel:
         norms = 2 * _norm_param_tensors(model)
         layer = TPPart(
-            forward=(TPCollective("all_gather", act, 2), TPCollective("reduce_scatter", act, row)),
-            backward=(TPCollective("all_reduce", act, column), TPCollective("all_gather", act, row),
+            forward=(TPCollective("all_gather", act, halves), TPCollective("reduce_scatter", act, row)),
+            backward=(TPCollective("reduce_scatter", act, halves), TPCollective("all_gather", act, row),
                       TPCollective("all_reduce", model.hidden * e, norms / accumulated)),
-            modules=column + row + 4,  # + the two norms and the two gathered inputs
+            modules=column + row + 2 + halves,  # + the two norms and the two gathered inputs
         )
         embedding = TPPart(forward=(TPCollective("all_reduce", act, 1),),
                            backward=(TPCollective("all_gather", act, 1),), modules=2)
@@ -134,7 +136,7 @@ def tp_parts(
                       backward=(TPCollective("all_reduce", act, 1),), modules=3)
     else:
         layer = TPPart(forward=(TPCollective("all_reduce", act, row),),
-                       backward=(TPCollective("all_reduce", act, column),), modules=column + row)
+                       backward=(TPCollective("all_reduce", act, halves),), modules=column + row + halves)
         embedding = TPPart(forward=(TPCollective("all_reduce", act, 1),), backward=(), modules=1)
         head = TPPart(forward=(loss,), backward=(TPCollective("all_reduce", act, 1),), modules=2)
     return {"layer": layer, "embedding": embedding, "head": head}

@@ -107,12 +107,11 @@ def measure_tp_collectives(
       threads, gloo's included) less the dispatch, the mean over repeats and ranks: the work a
       collective costs, under the same sharing of the cores as the calibration's other figures.
 
-    The block without sequence parallelism issues all-reduces only (2 forward, 4 backward): its
+    The block without sequence parallelism issues all-reduces only (2 forward, 2 backward): its
     figure per collective is the ``all_reduce`` row at its message size. The one with sequence
-    parallelism issues all-gathers and reduce-scatters (and the backward's 4 all-reduces of the
-    activation, taken off with the ``all_reduce`` line of the same group size; no norm-gradient
-    all-reduces, :func:`block_part`): its figure per collective is both the ``all_gather`` and the
-    ``reduce_scatter`` row. Returns ``(times, cpus)``, rows
+    parallelism issues all-gathers and reduce-scatters only (4 forward, 4 backward; no
+    norm-gradient all-reduces, :func:`block_part`): its figure per collective is both the
+    ``all_gather`` and the ``reduce_scatter`` row. Returns ``(times, cpus)``, rows
     ``(kind, g, bytes, seconds)``; every rank must call it."""
     import torch
     import torch.distributed as dist
@@ -209,7 +208,7 @@ def _added(par: Any, x_par: Any, local: Any, x_local: Any, clock: Callable[[], f
 def measure_tp_dispatch() -> tuple[float, float]:
     """Host time DTensor adds per tensor-parallel module, ``(forward, backward)`` CPU seconds: a
     tiny transformer block parallelized with the runtime's plan (``block_plan``: six Linear
-    styles) on a one-process mesh, against the same block plain, forward and backward apart
+    styles and the two prepared inputs of attention and MLP) on a one-process mesh, against the same block plain, forward and backward apart
     (:func:`trimmed_mean` of the interleaved differences). The tensors are tiny, so the difference
     is DTensor's own work: redistributing inputs and outputs, sharding propagation, its autograd
     wrappers. Timed on the process's CPU clock, not the wall: while more processes compute than
@@ -232,7 +231,8 @@ def measure_tp_dispatch() -> tuple[float, float]:
     spec = dataclasses.replace(resolve_model("gpt-tiny"), hidden=16, heads=2, seq=8, ffn=64)
     plain = Block(spec, pre_norm=True)
     parallel = parallelize_module(Block(spec, pre_norm=True), mesh, block_plan(swiglu=False))
-    modules = 6  # q, k, v, o, fc1, fc2
+    # q, k, v, o, fc1, fc2 and the two shared inputs: the modules the cost model charges a dispatch
+    modules = block_part(spec, False, 1).modules
     x = torch.randn(1, spec.seq, spec.hidden, requires_grad=True)
 
     def times(block: Any) -> tuple[float, float]:

@@ -59,12 +59,17 @@ def block_plan(swiglu: bool, sequence_parallel: bool = False) -> dict[str, objec
     if sequence_parallel:
         plan["norm1"] = SequenceParallel(use_local_output=True)
         plan["norm2"] = SequenceParallel(use_local_output=True)
-        # Post-norm blocks (BERT) feed the residual stream itself to attention and MLP, pre-norm
-        # blocks the norms' outputs: both arrive sequence-sharded and are gathered here.
-        plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                                          use_local_output=True)
-        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                         use_local_output=True)
+    # Attention and MLP receive their input as one Replicate DTensor that the column-parallel
+    # linears share (Q, K, V; fc1 and the gate): autograd sums their partial input gradients as
+    # DTensors and the input's one conversion reduces the sum once per half-block (all-reduce, or
+    # with sequence parallelism a reduce-scatter into the sequence shards), as Megatron-LM's fused
+    # QKV does, instead of one all-reduce per linear. Post-norm blocks (BERT) feed the residual
+    # stream itself to attention and MLP, pre-norm blocks the norms' outputs: with sequence
+    # parallelism both arrive sequence-sharded and are gathered here.
+    plan["attn"] = PrepareModuleInput(input_layouts=(seq_out, None), desired_input_layouts=(Replicate(), None),
+                                      use_local_output=False)
+    plan["mlp"] = PrepareModuleInput(input_layouts=(seq_out,), desired_input_layouts=(Replicate(),),
+                                     use_local_output=False)
     return plan
 
 
