@@ -26,6 +26,7 @@ CASES = [
     ("cost-microbatch-huge", ["cost", *M, "--microbatch", str(10**15)], "microbatch"),
     ("cost-tp-zero", ["cost", *M, "--tp", "0"], "--tp"),
     ("cost-dtype", ["cost", *M, "--dtype", "fp7"], "--dtype"),
+    ("cost-fp8-on-a100", ["cost", *M, "--gemm-dtype", "fp8"], "--gemm-dtype: a100-80gb has no FP8"),
     ("cost-device-nan", ["cost", *M, "--device", "{tmp}/dev_nan.json"], "peak_fp32_flops"),
     ("cost-device-inf", ["cost", *M, "--device", "{tmp}/dev_inf.json"], "peak_bf16_flops"),
     ("cost-device-negative", ["cost", *M, "--device", "{tmp}/dev_neg_eff.json"], "gemm_efficiency"),

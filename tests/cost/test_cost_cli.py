@@ -55,6 +55,24 @@ def test_overrides_and_fused(run_cli) -> None:
     assert eager["per_layer"]["fwd_bytes"] > doc["per_layer"]["fwd_bytes"]
 
 
+def test_fp8_gemms_read_one_byte_inputs_and_add_their_casts(run_cli) -> None:
+    """--gemm-dtype fp8: each linear GEMM of a layer reads FP8 inputs (1 byte) and writes the
+    training dtype (bf16, 2 bytes), after a cast kernel of its own; the embedding and head keep bf16."""
+    args = ("cost", "--model", "llama3-8b", "--device", "h100-sxm", "--tp", "2", "--json")
+    code, out, err = run_cli(*args, "--gemm-dtype", "fp8")
+    assert code == 0, err
+    fp8 = json.loads(out)
+    bf16 = json.loads(run_cli(*args)[1])
+    assert (fp8["gemm_dtype"], bf16["gemm_dtype"]) == ("fp8", "bf16")
+    layer = {r["name"]: r for r in fp8["ops"] if r["part"] == "layer"}
+    for name in ("qkv", "attn_proj", "fc1", "fc2"):
+        m, n, k = layer[name]["gemm_mnk"]
+        assert layer[name]["fwd_bytes"] == m * k + k * n + 2 * m * n
+        assert f"{name}_fp8_cast" in layer
+    assert [r for r in fp8["ops"] if r["part"] != "layer"] == [r for r in bf16["ops"] if r["part"] != "layer"]
+    assert fp8["forward_s"] < bf16["forward_s"]  # FP8 tensor cores at twice the bf16 peak
+
+
 def test_table(run_cli) -> None:
     code, out, _ = run_cli("cost", "--model", "gpt3-1.3b", "--tp", "2")
     assert code == 0

@@ -21,6 +21,7 @@ from paratrain.cli.options import (
     AttentionOpt,
     DropoutOpt,
     FfnOpt,
+    GemmDtypeOpt,
     HeadsOpt,
     HiddenOpt,
     JsonOpt,
@@ -83,6 +84,7 @@ def cost(
     dtype: Annotated[str | None, typer.Option("--dtype", help="Training dtype (default: the model's).")] = None,
     fused: Annotated[bool, typer.Option("--fused", help="Model fused element-wise kernels.")] = False,
     attention: AttentionOpt = None,
+    gemm_dtype: GemmDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     spec = resolve_model_opts(model, layers, hidden, heads, kv_heads, ffn, seq, vocab, dropout)
@@ -92,7 +94,7 @@ def cost(
         raise ConfigError("--dtype", f"unknown dtype {dt!r}", "use one of: fp32, tf32, bf16, fp16, fp8")
     config = parallel_from_opts(
         tp=tp, microbatch=microbatch, recompute=recompute, sequence_parallel=sequence_parallel, dtype=dt,
-        attention=attention,
+        attention=attention, gemm_dtype=gemm_dtype,
     )
     # Sequence parallelism is reported as asked, even where tp = 1 makes it a no-op.
     report = cost_report(
@@ -120,6 +122,7 @@ def _print_tables(rep: CostReport, layers: int) -> None:
     con = Console() if sys.stdout.isatty() else Console(width=150)
     title = (f"{rep.model} on {rep.device}: tp={rep.tp} micro-batch={rep.microbatch} "
              f"recompute={rep.recompute} sp={rep.sequence_parallel} {rep.dtype}"
+             f"{f' {rep.gemm_dtype} GEMMs' if rep.gemm_dtype != rep.dtype else ''}"
              f"{' fused' if rep.fused else ''} {rep.attention} attention (one TP rank)")
     t = Table(title=title)
     for col in ("part", "operator", "GEMM m×n×k", "fwd GFLOP", "bwd GFLOP", "fwd bytes", "bwd bytes",

@@ -93,6 +93,7 @@ class CostReport:
     recompute: str
     sequence_parallel: bool
     dtype: str
+    gemm_dtype: str  # the layers' linear GEMMs: the training dtype, fp8 or fp8-delayed
     fused: bool
     attention: str
     params: int
@@ -131,14 +132,17 @@ def _row(part: Part, op: Op, device: DeviceSpec, dtype: str, count: int) -> OpRo
 
 def op_rows(
     model: ModelSpec, device: DeviceSpec, *, tp: int, sequence_parallel: bool, microbatch: int, fused: bool, dtype: str,
-    attention: str = "math",
+    attention: str = "math", gemm_dtype: str | None = None,
 ) -> tuple[OpRow, ...]:
-    """The embedding's, one layer's and the head's operators, in that order."""
+    """The embedding's, one layer's and the head's operators, in that order. ``gemm_dtype``: the
+    layers' linear GEMMs in FP8 with their cast kernels (the embedding and the head keep ``dtype``,
+    as Transformer Engine and torchao leave them)."""
     kw: dict[str, Any] = dict(
         tp=tp, sequence_parallel=sequence_parallel, microbatch=microbatch, fused=fused, dtype=dtype
     )
     rows = [_row("embedding", op, device, dtype, 1) for op in embedding_ops(model, **kw)]
-    rows += [_row("layer", op, device, dtype, model.layers) for op in layer_ops(model, attention=attention, **kw)]
+    rows += [_row("layer", op, device, dtype, model.layers)
+             for op in layer_ops(model, attention=attention, gemm_dtype=gemm_dtype, **kw)]
     rows += [_row("head", op, device, dtype, 1) for op in head_ops(model, **kw)]
     return tuple(rows)
 
@@ -179,12 +183,13 @@ def cost_report(
     (chunk,) = chunk_costs(model, cluster, config, fused=fused)
     attention = resolve_attention(config.attention, device)
     rows = op_rows(model, device, tp=tp, sequence_parallel=sp, microbatch=microbatch, fused=fused, dtype=dt,
-                   attention=attention)
+                   attention=attention, gemm_dtype=config.gemm_dtype)
     time_mb = chunk.forward_s + chunk.backward_s
     peak = device.peak_flops(dt)
     return CostReport(
         model=model.name, device=device.name, cluster=cluster.name, tp=tp, microbatch=microbatch,
-        recompute=rc.value, sequence_parallel=sp, dtype=dt, fused=fused, attention=attention,
+        recompute=rc.value, sequence_parallel=sp, dtype=dt, gemm_dtype=config.gemm_dtype or dt, fused=fused,
+        attention=attention,
         params=model.param_count(),
         params_per_rank=chunk.weight_bytes // dtype_bytes(dt),
         matmul_flops_per_sample=matmul_flops_per_iteration(model, 1, rc),
