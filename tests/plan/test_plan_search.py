@@ -105,7 +105,7 @@ def test_pins_are_respected(fake_backend):
 def test_balanced_partition_lightens_the_end_stages(fake_backend):
     # A head worth three layers (think of a large vocabulary): with 24 layers on 4 stages the
     # even split (6 each) makes the last stage take 9 layer-times; the balanced one moves layers off it.
-    from conftest import LAYER_FWD_S, fake_chunk_costs
+    from tests.plan.conftest import LAYER_FWD_S, fake_chunk_costs
 
     def heavy_head(model, cluster, config):
         chunks = fake_chunk_costs(model, cluster, config)
