@@ -208,8 +208,9 @@ def _added(par: Any, x_par: Any, local: Any, x_local: Any, clock: Callable[[], f
 def measure_tp_dispatch() -> tuple[float, float]:
     """Host time DTensor adds per tensor-parallel module, ``(forward, backward)`` CPU seconds: a
     tiny transformer block parallelized with the runtime's plan (``block_plan``: six Linear
-    styles and the two prepared inputs of attention and MLP) on a one-process mesh, against the same block plain, forward and backward apart
-    (:func:`trimmed_mean` of the interleaved differences). The tensors are tiny, so the difference
+    styles and the two prepared inputs of attention and MLP) on a one-process mesh, against the
+    same block plain, forward and backward apart (:func:`trimmed_mean` of the interleaved
+    differences). The tensors are tiny, so the difference
     is DTensor's own work: redistributing inputs and outputs, sharding propagation, its autograd
     wrappers. Timed on the process's CPU clock, not the wall: while more processes compute than
     there are cores, a call shorter than the scheduler's time slice often runs whole at full speed
