@@ -450,15 +450,16 @@ def chunk_costs(
             "devices", "use a larger cluster (more GPUs or nodes) or a smaller cp",
         )
     # Each context-parallel rank holds s/cp tokens of every sequence (cost.context_parallel).
+    accumulated = partial_grad_accumulation(config)
     bd = _bundle(local_model(model, config.cp), cluster, config.dtype, config.tp, config.sequence_parallel,
                  config.microbatch, config.recompute, fused, ranks, attention, config.cp, cp_group,
                  gemm_dtype=config.gemm_dtype, tp_overlap=config.tp_overlap,
-                 fp8_weight_reuse=fp8_weight_reuse(config), accumulated=partial_grad_accumulation(config))
+                 fp8_weight_reuse=fp8_weight_reuse(config), accumulated=accumulated)
     layer, comm, e = bd.layer, bd.comm, bd.dtype_bytes
     cp_f, cp_b = bd.cp_comm
     cp_rec = cp_f if config.recompute is Recompute.FULL else 0.0
     disp = _tp_dispatch(local_model(model, config.cp), cluster, ranks, config.sequence_parallel, config.microbatch,
-                        config.dtype, partial_grad_accumulation(config))
+                        config.dtype, accumulated)
     waits = [c - d for c, d in zip(comm, disp, strict=True)]  # the collectives' waiting, without host work
     wait_rec = waits[0] + cp_f if config.recompute is Recompute.FULL else 0.0  # the recomputed forward's
     # Parameters are replicated over cp: sharding and gradient reduction span the dp-cp group (Megatron-LM's

@@ -166,7 +166,7 @@ def winner_breakdown(
         ("schedule", sched),
         *([("receives posted ahead", f"{ahead} per peer" + (" (the backend's default)" if cfg.prefetch_receives is None
                                                            else ""))]
-          if cfg.pp > 1 and (ahead := prefetch_receives_on(cfg, gloo=cluster.device.name == "cpu")) else []),
+          if cfg.pp > 1 and (ahead := prefetch_receives_on(cfg, gloo=cluster.trains_with_gloo)) else []),
         ("recomputation", cfg.recompute.value),
         ("sequence parallel", "on" if cfg.sequence_parallel else "off"),
         *([("linear GEMMs", f"{cfg.gemm_dtype}" + (", weights cast once per step (cached)" if cfg.fp8_weight_cache

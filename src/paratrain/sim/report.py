@@ -413,7 +413,7 @@ def timing_for_config(
         core_sharing=layout_sharing(cluster, config),
         forward_wait_s=tuple(c.forward_wait_s for c in costs),
         backward_wait_s=tuple(c.backward_wait_s for c in costs),
-        prefetch_receives=prefetch_receives_on(config, gloo=cluster.device.name == "cpu"),
+        prefetch_receives=prefetch_receives_on(config, gloo=cluster.trains_with_gloo),
     )
 
 

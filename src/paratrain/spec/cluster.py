@@ -183,6 +183,12 @@ class ClusterSpec:
                 )
 
     @property
+    def trains_with_gloo(self) -> bool:
+        """Whether ``paratrain train`` runs this cluster's devices on gloo (the ``cpu`` device) rather
+        than NCCL: the backend whose runtime defaults (e.g. receives posted ahead) apply."""
+        return self.device.name == "cpu"
+
+    @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
