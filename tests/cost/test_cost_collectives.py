@@ -159,6 +159,8 @@ _KIND_ALGO = [(k, a) for k in ("all_reduce", "reduce_scatter", "all_gather", "br
 )
 def test_monotone_in_size(ka: tuple, cluster: ClusterSpec, ranks: set, n1: float, n2: float) -> None:
     kind, algo = ka
+    if algo == "nvls":  # an in-switch reduction inside one node: the group's ranks folded onto node 0
+        ranks = {r % cluster.devices_per_node for r in ranks}
     ranks_t = tuple(sorted(ranks))
     lo, hi = sorted((n1, n2))
     t_lo = collective_time(kind, lo, ranks_t, cluster, algo).time_s
@@ -286,3 +288,38 @@ def test_point_to_point_under_load_takes_the_loaded_ping_pong() -> None:
     assert collective_time("p2p", 100, (1, 1), loaded).time_s == 0.0  # to itself: nothing moves
     link = base.intra_link
     assert collective_time("p2p", mid, (0, 1), base).time_s == pytest.approx(link.latency_s + mid / link.bandwidth_Bps)
+
+
+H100_NODE = resolve_cluster("dgx-h100", nodes=2)
+
+
+def test_nvls_all_reduce_on_one_h100_node_is_the_maintainers_ratio_to_the_ring() -> None:
+    # NVIDIA/nccl-tests#212: NVLS reaches ~275 GB/s of algorithm bandwidth where the ring's bus
+    # bandwidth is ~370 GB/s; on 450 GB/s links the model's n·370/275/bw against 2·7/8·n/bw.
+    n, bw, a = 1e9, 450e9, 3e-6
+    node = tuple(range(8))
+    best = collective_time("all_reduce", n, node, H100_NODE)
+    assert best.algorithm == "nvls"
+    assert best.time_s == pytest.approx(2 * a + n * 370 / 275 / bw, rel=1e-12)
+    assert best.bytes_per_rank == pytest.approx(n * 370 / 275)
+    ring = collective_time("all_reduce", n, node, H100_NODE, "ring")
+    assert ring.bytes_per_rank / best.bytes_per_rank == pytest.approx(1.75 * 275 / 370, rel=1e-12)  # 1.30x
+    assert ring.time_s > best.time_s
+
+
+def test_nvls_only_for_all_reduce_inside_a_node_whose_switch_reduces() -> None:
+    node, two_nodes = tuple(range(8)), tuple(range(16))
+    # two GPUs: the ring moves n once, NVLS 1.345 n: the ring is chosen
+    assert collective_time("all_reduce", 1e9, (0, 1), H100_NODE).algorithm != "nvls"
+    # reduce-scatter and all-gather run at the ring's rate on NVSwitch
+    assert collective_time("reduce_scatter", 1e9, node, H100_NODE).algorithm != "nvls"
+    # A100's second-generation NVSwitch does not reduce
+    assert collective_time("all_reduce", 1e9, node, resolve_cluster("dgx-a100")).algorithm != "nvls"
+    assert collective_time("all_reduce", 1e9, two_nodes, H100_NODE).algorithm != "nvls"
+    with pytest.raises(ConfigError, match="one node's NVSwitch"):
+        collective_time("all_reduce", 1e9, two_nodes, H100_NODE, "nvls")
+
+
+def test_nvlink_sharp_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="nvlink_sharp"):
+        dataclasses.replace(H100_NODE, nvlink_sharp="yes")

@@ -4,7 +4,8 @@ A message of ``n`` bytes over a link costs ``alpha + n / bandwidth`` (Hockney 19
 costs follow Thakur, Rabenseifner & Gropp 2005 ("Optimization of Collective Communication
 Operations in MPICH") for ring and recursive halving/doubling, Sanders, Speck & Träff 2009 ("Two-tree
 algorithms for full bandwidth broadcast, reduction and scan") for the double binary tree NCCL
-uses, and NCCL's hierarchical and SHARP (in-network) all-reduce.
+uses, and NCCL's hierarchical and SHARP (in-network) all-reduce, and its NVLink SHARP (NVLS)
+all-reduce inside a node whose NVSwitch reduces (``ClusterSpec.nvlink_sharp``).
 
 ``nbytes`` is the buffer size on each rank: the input of all-reduce, reduce-scatter, broadcast and
 all-to-all, the *output* of all-gather (as nccl-tests report "size"), so that a reduce-scatter
@@ -47,10 +48,10 @@ __all__ = ["KINDS", "ALGORITHMS", "collective_time", "algorithms_for", "GroupLay
            "measured_reduction_time"]
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "p2p")
-ALGORITHMS = ("ring", "dbtree", "rhd", "hierarchical", "in_network", "pairwise")
+ALGORITHMS = ("ring", "dbtree", "rhd", "hierarchical", "in_network", "nvls", "pairwise")
 
 _ALGOS_BY_KIND = {
-    "all_reduce": ("ring", "dbtree", "rhd", "hierarchical", "in_network"),
+    "all_reduce": ("ring", "dbtree", "rhd", "hierarchical", "in_network", "nvls"),
     "reduce_scatter": ("ring", "rhd", "hierarchical"),
     "all_gather": ("ring", "rhd", "hierarchical"),
     "broadcast": ("ring", "dbtree", "rhd", "hierarchical"),
@@ -271,6 +272,28 @@ def _in_network(n: float, layout: GroupLayout) -> tuple[float, float]:
     return 2 * t_i + 2 * layout.inter_latency_s + shard / layout.nic_bandwidth_Bps, shard
 
 
+# NVLink SHARP on 8 H100 through third-generation NVSwitch: NCCL's all-reduce peaks at an algorithm
+# bandwidth of ~275 GB/s where the other collectives (and the ring all-reduce) reach a bus bandwidth
+# of ~370 GB/s on the same 450 GB/s links (S. Jeaugey, NCCL maintainer, NVIDIA/nccl-tests#212,
+# 2024-05-06). Relative to the ring's bus bandwidth, the one the links' alpha-beta model stands for,
+# an NVLS all-reduce of n bytes takes n · 370/275 / bandwidth; a ring one 2(p-1)/p · n / bandwidth
+# (8 GPUs: 1.75 against 1.345, NVLS 1.30x faster). Only all-reduce gains: the other collectives run
+# at the ring's rate there.
+NVLS_BYTES_PER_BYTE = 370 / 275
+
+
+def _nvls(n: float, layout: GroupLayout) -> tuple[float, float]:
+    """NVLink SHARP all-reduce inside one node (:data:`NVLS_BYTES_PER_BYTE`): each GPU sends its
+    buffer to the switch and reads the reduced result back, two message latencies. The group's size
+    does not enter: the measured figure is for 8 GPUs, and a GPU's NVLink ports bound it at any
+    size (an assumption for groups of 2 to 7; at 2 the ring, 1 · n / bandwidth, is faster)."""
+    if layout.nodes != 1:
+        raise ConfigError("algorithm", "nvls reduces in one node's NVSwitch; this group spans "
+                          f"{layout.nodes} nodes", "use hierarchical (or none: the fastest) across nodes")
+    b = NVLS_BYTES_PER_BYTE * n
+    return 2 * layout.intra_latency_s + b / layout.intra_bandwidth_Bps, b
+
+
 def _all_to_all(n: float, layout: GroupLayout) -> tuple[float, float]:
     """Pairwise exchange: ``p-1`` steps, each rank sends ``n/p`` to every other rank; the bytes for
     ranks on other nodes go through the NIC (distant-partner bandwidth), the rest over NVLink,
@@ -317,7 +340,8 @@ def _collective(
         return CollectiveCost(t, "pairwise", b)
     candidates = [algorithm] if algorithm is not None else [
         a for a in choices
-        if a != "in_network" or (cluster.topology.in_network_reduction and layout.nodes > 1)
+        if (a != "in_network" or (cluster.topology.in_network_reduction and layout.nodes > 1))
+        and (a != "nvls" or (cluster.nvlink_sharp and layout.nodes == 1))
     ]
     best: CollectiveCost | None = None
     for algo in candidates:
@@ -325,6 +349,8 @@ def _collective(
             t, b = _hierarchical(kind, nbytes, layout)
         elif algo == "in_network":
             t, b = _in_network(nbytes, layout)
+        elif algo == "nvls":
+            t, b = _nvls(nbytes, layout)
         else:
             t, b = _flat(algo, kind, nbytes, layout.ranks, layout)
         if best is None or t < best.time_s:

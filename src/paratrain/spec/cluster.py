@@ -135,6 +135,9 @@ class ClusterSpec:
     # wakes the receiver late; pipeline transfers on such a node take these times
     # (paratrain.cost.collectives). Empty: the link's alpha-beta.
     measured_p2p: tuple[tuple[str, int, int, float], ...] = ()
+    # The node's NVSwitch reduces in the switch (NVLink SHARP: third-generation NVSwitch, DGX/HGX
+    # H100 and later), so NCCL runs an all-reduce inside a node as NVLS (paratrain.cost.collectives).
+    nvlink_sharp: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -158,6 +161,7 @@ class ClusterSpec:
                 raise ConfigError(f, f"must be a {cls.__name__}, got {getattr(self, f)!r}", fix)
         require_positive_int("nodes", self.nodes)
         require_positive_int("devices_per_node", self.devices_per_node)
+        require_bool("nvlink_sharp", self.nvlink_sharp)
         if isinstance(self.cores_per_node, bool) or not isinstance(self.cores_per_node, int) or self.cores_per_node < 0:
             raise ConfigError("cores_per_node", f"must be a whole number ≥ 0, got {self.cores_per_node!r}",
                               "give the cores a node's processes share, or 0 for devices with their own processor")

@@ -45,6 +45,8 @@ def _dgx_h100() -> ClusterSpec:
     # NVIDIA DGX H100 datasheet: 8× H100 SXM5, NVLink 4 at 900 GB/s bidirectional per GPU
     # (450 GB/s each way), 8× 400 Gb/s ConnectX-7 (NDR InfiniBand), non-blocking fat tree in the
     # DGX SuperPOD H100 reference architecture (32 nodes per scalable unit, rounded to 16 per leaf).
+    # Its four third-generation NVSwitches reduce in the switch (NVLink SHARP; NCCL's NVLS
+    # all-reduce, the default since NCCL 2.17 where the driver supports multicast).
     return ClusterSpec(
         name="dgx-h100",
         device=resolve_device("h100"),
@@ -53,6 +55,7 @@ def _dgx_h100() -> ClusterSpec:
         intra_link=LinkSpec(bandwidth_Bps=450 * GB, latency_s=3e-6),
         inter_link=LinkSpec(bandwidth_Bps=400 * Gbit, latency_s=6e-6),
         topology=Topology(kind=TopologyKind.FAT_TREE, oversubscription=1.0, nodes_per_leaf=16),
+        nvlink_sharp=True,
     )
 
 
