@@ -41,7 +41,7 @@ def trend_groups(runs, predicted):
 
 def ratio_errors(points):
     """``[(mb, measured ratio, predicted ratio, error %)]`` against the smallest micro-batch."""
-    mb0, t0, p0 = points[0]
+    _, t0, p0 = points[0]
     return [(mb, t / t0, p / p0, 100 * ((p / p0) / (t / t0) - 1)) for mb, t, p in points[1:]]
 
 
