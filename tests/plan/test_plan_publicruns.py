@@ -181,3 +181,21 @@ def test_the_layers_measured_on_an_h100_are_a_source_of_the_h100_fit():
     # the raw preset's errors the README states for these layers: +1.3 ... +12.8 %
     errors = [p / s.measured_s - 1 for s, p in zip(layers, got, strict=True)]
     assert min(errors) == pytest.approx(0.013, abs=0.002) and max(errors) == pytest.approx(0.128, abs=0.002)
+
+
+def test_the_a100_host_issue_time_stays_at_its_measured_prior_where_no_run_determines_it(monkeypatch) -> None:
+    """Device-bound rows say nothing of the host: the A100's fit keeps the host issue time measured
+    apart from every source (crossval.host_issue_prior), where without the prior it stays wherever
+    the fit starts."""
+    from paratrain.plan import crossval
+
+    rows = [s for s in public_samples(TABLE.runs) if s.source == "torchtitan-a100-2024-04"][:2]
+    start = start_calibration(CLUSTERS["a100"])
+    prior = crossval.host_issue_prior()
+    cal, report = fit_device(rows, start, CLUSTERS, max_evaluations=5)
+    assert report["host_issue_prior_s"] == prior
+    assert cal.host_issue_s == pytest.approx(prior, rel=1e-3)
+    monkeypatch.setattr(crossval, "HOST_PRIOR_DEVICES", ())
+    cal, report = fit_device(rows, start, CLUSTERS, max_evaluations=5)
+    assert "host_issue_prior_s" not in report
+    assert cal.host_issue_s == pytest.approx(max(start.host_issue_s, 10e-6), rel=1e-3)

@@ -481,8 +481,10 @@ def _validate_sources(
                 con.print(f"{dev}: no runs measure it (the presets)")
                 continue
             tie = f"; GEMM and attention = {TIED[dev]}'s x clock {d['fit']['clock']:.4f}" if dev in TIED else ""
+            prior = d["fit"].get("host_issue_prior_s")
+            prior = f"; host issue time's measured prior {prior * 1e6:.1f} us" if prior is not None else ""
             con.print(f"{dev}: fitted on {d['fit']['rows']} runs of {', '.join(d['fit']['sources'])} "
-                      f"({d['fit']['evaluations']} evaluations{tie})", soft_wrap=True)
+                      f"({d['fit']['evaluations']} evaluations{tie}{prior})", soft_wrap=True)
             for k, v in d["calibration"].items():
                 con.print(f"  {k:<22} {v:.6g}" if v is not None else f"  {k:<22} - (the device's)")
         return

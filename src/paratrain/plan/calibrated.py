@@ -62,6 +62,10 @@ VTRAIN_A100_LINKS = Calibration(
 # (paratrain.plan.crossval: gemm, attention and memory efficiency, one scale of the nominal NVLink
 # and NIC bandwidths, host issue time per kernel; each source weighs the same). How well each source
 # is predicted by the others' fit: ``paratrain validate all --loso``.
+#
+# Stored before the A100 fit gained its measured host prior (crossval.host_issue_prior, 2026-12-02):
+# the fit with it gives host 74.9 µs and link scale 0.851 (0.839 here), the other three within 0.0013;
+# not re-fitted (the GPT-3 175B plan's winner moves 57.1 -> 57.2 % MFU with it).
 FITTED_A100 = Calibration(
     gemm_efficiency=0.7345,
     memory_efficiency=0.7763,

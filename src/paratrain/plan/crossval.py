@@ -17,6 +17,14 @@ the log of predicted / measured step time:
 Each source weighs the same in the fit (residuals scaled by ``1/sqrt(rows of the source)``), so
 vTrain's 1,549 rows do not drown a published table of five.
 
+**A measured prior for the host.** Only vTrain's single-node runs are host-bound, so a fit without
+them leaves ``host_issue_s`` where it starts. The A100's fit therefore has one more residual,
+``log(host_issue_s / measured)``, weighing as one more source: the host time of a
+Megatron-DeepSpeed layer measured on a CPU apart from every source (``bench/bench_megatron_host.py``,
+``paratrain/data/measured/megatron_ds_host.json``: forward, recomputed forward and backward of a
+layer whose kernels are tiny) over the kernels the cost model counts for that layer
+(:func:`host_issue_prior`). The fit starts there too.
+
 **Parts of one die.** torchtitan's H100 96 GB HBM2e at 500 W (``h100-hbm2e``) is the H100 SXM's die
 and kernels under a power cap: its GEMM and attention efficiencies are the SXM part's times one
 fitted clock factor (:data:`TIED`; the cap lowers the sustained clock of both alike), beside its own
@@ -31,6 +39,7 @@ that predicts only its own data is no fit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +53,8 @@ from paratrain.spec.cluster import ClusterSpec
 __all__ = [
     "Sample", "MeasuredLayer", "FIT_NAMES", "DEVICES", "TIED", "start_calibration", "predict_samples", "fit_device",
     "fit_devices", "cross_validate",
-    "vtrain_samples", "public_samples", "layer_samples", "MEASURED_LAYERS_SOURCE",
+    "vtrain_samples", "public_samples", "layer_samples", "MEASURED_LAYERS_SOURCE", "HOST_PRIOR_DEVICES",
+    "host_issue_prior",
 ]
 
 DEVICES = ("a100", "h100", "h100-hbm2e")  # the keys of publicruns.DEVICE_CLUSTERS: one calibration each
@@ -61,6 +71,29 @@ _BOUNDS = {
     "host_issue_s": (0.0, 200e-6),
 }
 _SCALE = {"host_issue_s": 1e-5}  # fitted in units of 10 µs
+# devices whose host issue time has a measured prior: the vTrain runs' framework (Megatron-DeepSpeed)
+HOST_PRIOR_DEVICES = ("a100",)
+
+
+@functools.lru_cache(maxsize=1)
+def host_issue_prior() -> float:
+    """Host time per modelled kernel of Megatron-DeepSpeed, measured apart from every source: the
+    stored host time of one layer and micro-batch with full recomputation
+    (``bench/bench_megatron_host.py``) over the kernels the cost model issues for it (a forward, the
+    recomputed forward and the backward of a GPT layer with Megatron's fused element-wise kernels and
+    explicit attention, as :func:`paratrain.plan.validate.megatron_predictor` prices vTrain's runs;
+    the count does not depend on the layer's size)."""
+    import json
+
+    from paratrain.cost.compute import layer_ops, op_kernels
+    from paratrain.data import DATA_DIR
+    from paratrain.spec.model import ModelSpec
+
+    doc = json.loads((DATA_DIR / "measured" / "megatron_ds_host.json").read_text(encoding="utf-8"))
+    layer = ModelSpec(name="gpt", layers=1, hidden=1024, heads=16, seq=1024, vocab=50304, dtype="fp16")
+    kernels = [op_kernels(o) for o in layer_ops(layer, tp=1, microbatch=1, fused=True, dtype="fp16", attention="math")]
+    per_layer = sum(2 * f + bi + bw for f, bi, bw in kernels)
+    return float(doc["layer_recompute_s"]) / per_layer
 
 
 @dataclass(frozen=True)
@@ -196,15 +229,19 @@ def fit_device(
         counts[s.source] = counts.get(s.source, 0) + 1
     weights = [1.0 / math.sqrt(counts[s.source]) for s in samples]
     megatron = megatron_predictor("analytic")
+    prior = host_issue_prior() if device in HOST_PRIOR_DEVICES and parent is None else None
 
     def residuals(x: Sequence[float]) -> list[float]:
         cal = _calibration(start, x, parent)
-        return [w * math.log(_predict_one(s, cal, clusters, megatron) / s.measured_s)
-                for s, w in zip(samples, weights, strict=True)]
+        out = [w * math.log(_predict_one(s, cal, clusters, megatron) / s.measured_s)
+               for s, w in zip(samples, weights, strict=True)]
+        if prior is not None:  # the measured host time, as one more source
+            out.append(math.log(max(cal.host_issue_s, 1e-9) / prior))
+        return out
 
     start_x = {"gemm_efficiency": start.gemm_efficiency, "attention_efficiency": start.attention_efficiency or 0.5,
                "memory_efficiency": start.memory_efficiency, "link_scale": 1.0,
-               "host_issue_s": max(start.host_issue_s, 10e-6), "clock": 1.0}
+               "host_issue_s": prior if prior is not None else max(start.host_issue_s, 10e-6), "clock": 1.0}
     names = FIT_NAMES if parent is None else TIED_NAMES
     x0 = [min(max(start_x[n], _BOUNDS[n][0]), _BOUNDS[n][1]) / _SCALE.get(n, 1.0) for n in names]
     lo = [_BOUNDS[n][0] / _SCALE.get(n, 1.0) for n in names]
@@ -215,6 +252,8 @@ def fit_device(
                               "evaluations": int(res.nfev), "cost": float(res.cost)}
     if parent is not None:
         report["clock"] = float(res.x[0])
+    if prior is not None:
+        report["host_issue_prior_s"] = prior
     return _calibration(start, res.x, parent), report
 
 
