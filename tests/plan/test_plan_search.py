@@ -199,3 +199,23 @@ def test_pinned_virtual_stages_select_interleaving(fake_backend):
     assert all(c.config.schedule is ScheduleName.INTERLEAVED and c.config.virtual_stages == 3 for c in res.ranked)
     res = plan(MODEL, CLUSTER, 256, pins=Pins(virtual_stages=1), backend=fake_backend)
     assert all(c.config.virtual_stages == 1 for c in res.ranked)
+
+
+def test_one_backend_reused_for_another_model_or_cluster_prices_each_anew():
+    """The plan caches key costs by layout alone; a backend asked for another model (or cluster)
+    empties them instead of returning the first problem's costs."""
+    from paratrain.plan.backend import default_backend
+
+    config = ParallelConfig(dp=4, tp=4, pp=2, microbatch=1, global_batch=64, schedule=ScheduleName.ONE_F_ONE_B)
+    wide = dataclasses.replace(MODEL, name="gpt-wide", hidden=2 * MODEL.hidden, heads=2 * MODEL.heads)
+    slow = dataclasses.replace(CLUSTER, inter_link=dataclasses.replace(
+        CLUSTER.inter_link, bandwidth_Bps=CLUSTER.inter_link.bandwidth_Bps / 10))
+
+    def fresh(model, cluster) -> float:  # noqa: ANN001
+        return evaluate(model, cluster, config, default_backend(simulate=False), 1.0).analytic.iteration_time_s
+
+    shared = default_backend(simulate=False)
+    times = [evaluate(m, c, config, shared, 1.0).analytic.iteration_time_s
+             for m, c in ((MODEL, CLUSTER), (wide, CLUSTER), (wide, slow), (MODEL, CLUSTER))]
+    assert times == [fresh(MODEL, CLUSTER), fresh(wide, CLUSTER), fresh(wide, slow), fresh(MODEL, CLUSTER)]
+    assert times[1] > 2 * times[0] and times[2] > times[1]  # each problem really costs differently

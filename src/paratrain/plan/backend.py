@@ -54,13 +54,25 @@ class Simulator(Protocol):
 
 @dataclass
 class PlanCache:
-    """Costs one search computes once and looks up many times, each keyed on what it depends on.
-    Valid for one model and cluster."""
+    """Costs one search computes once and looks up many times, each keyed on what it depends on
+    within one model and cluster: :meth:`scoped` empties them when asked for another."""
 
     chunks: dict[Hashable, tuple[ChunkCost, ...]] = field(default_factory=dict)
     stats: dict[Hashable, RankStats] = field(default_factory=dict)
     inputs: dict[Hashable, PipelineInputs] = field(default_factory=dict)
     collectives: dict[Hashable, float] = field(default_factory=dict)
+    problem: tuple[ModelSpec, ClusterSpec] | None = None
+
+    def scoped(self, model: ModelSpec, cluster: ClusterSpec) -> PlanCache:
+        """The caches for ``model`` on ``cluster``, emptied first if they hold another problem's
+        costs (their keys leave both out: one backend reused for two models would otherwise
+        return the first model's costs for the second)."""
+        held = self.problem
+        if held is None or not ((held[0] is model or held[0] == model) and (held[1] is cluster or held[1] == cluster)):
+            for cache in (self.chunks, self.stats, self.inputs, self.collectives):
+                cache.clear()
+            self.problem = (model, cluster)
+        return self
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,7 @@ def pipeline_inputs(
     number over the mesh axes), so it occupies the nodes the same way and costs the same; stage
     0's group is costed for all.
     """
+    backend.cache.scoped(model, cluster)  # the collective times below are cached per cluster
     p, v = config.pp, config.virtual_stages
     n = p * v
     p2p = 0.0

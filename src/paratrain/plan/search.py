@@ -167,7 +167,7 @@ def _cost_key(config: ParallelConfig, cluster: ClusterSpec) -> tuple[object, ...
 def _chunks(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend
 ) -> Sequence[ChunkCost]:
-    cache = backend.cache.chunks
+    cache = backend.cache.scoped(model, cluster).chunks
     key = _cost_key(config, cluster)
     hit = cache.get(key)
     if hit is None:
@@ -176,7 +176,7 @@ def _chunks(
 
 
 def _stats(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, backend: CostBackend) -> RankStats:
-    cache = backend.cache.stats
+    cache = backend.cache.scoped(model, cluster).stats
     key = _cost_key(config, cluster)
     hit = cache.get(key)
     if hit is None:
@@ -195,7 +195,7 @@ def evaluate(
 ) -> Candidate:
     """Analytic estimate of one configuration."""
     key = (_cost_key(config, cluster), config.mesh_order, config.schedule is ScheduleName.CHIMERA, overlap_grad_reduce)
-    inputs = backend.cache.inputs.get(key)
+    inputs = backend.cache.scoped(model, cluster).inputs.get(key)
     if inputs is None:
         chunks = _chunks(model, cluster, config, backend)
         inputs = pipeline_inputs(
