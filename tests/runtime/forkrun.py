@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
-import socket
 import sys
 import time
 from pathlib import Path
 
 from paratrain.runtime.forkserver import forked_workers, worker_started
+from paratrain.runtime.launch import free_port
 
 PRELOAD = ["paratrain.runtime.train"]
 
@@ -44,19 +44,13 @@ def _rank_main(rank: int, world: int, port: int, script: str, args: list[str]) -
     runpy.run_path(script, run_name="__main__")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     # the server is stopped and reaped when the ranks are done (a rank left over dies with it)
     with forked_workers(PRELOAD) as ctx:
         procs = [ctx.Process(target=_rank_main, args=(r, ns.nproc, port, ns.script, ns.args), name=f"rank{r}")

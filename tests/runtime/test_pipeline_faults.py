@@ -46,11 +46,9 @@ def _env() -> dict[str, str]:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_ranks_with_different_schedules_stop_with_a_clear_message() -> None:
-    import socket
+    from paratrain.runtime.launch import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for node, schedule in enumerate(("1f1b", "gpipe")):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),

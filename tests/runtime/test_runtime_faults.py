@@ -132,3 +132,17 @@ def test_unknown_dp_impl(run_cli) -> None:
     assert_one_line_error(code, err, "--dp-impl", "unknown value 'horovod'")
 
 
+
+
+def test_a_rendezvous_port_lies_below_the_ephemeral_range_and_is_free() -> None:
+    """Outgoing connections (gloo's, one per pair of ranks) take ports from the kernel's ephemeral
+    range; a rendezvous port chosen there could be taken before the store binds it."""
+    import socket
+
+    from paratrain.runtime.launch import _ephemeral_low
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports.pop()))  # still free

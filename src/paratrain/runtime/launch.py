@@ -71,7 +71,34 @@ class TrainResult:
         return [r["tokens_per_s"] for r in self.rows]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux's
+    ``ip_local_port_range``; 32768, its default, where that cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port for a rendezvous, below the ephemeral range: a port bound and released
+    here stays free until the store binds it, except that the kernel may hand an ephemeral one to
+    any outgoing connection meanwhile (gloo opens one per pair of ranks), which then fails the
+    store with EADDRINUSE. Random among 16k ports, so that concurrent launches rarely pick alike."""
+    import random
+
+    low = _ephemeral_low()
+    if low > 2048:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(max(1024, low - 16384), low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
