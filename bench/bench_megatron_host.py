@@ -173,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.layers < 1 or a.repeats < 1 or a.calls < 1:
         print("error: --layers, --repeats and --calls must be >= 1", file=sys.stderr)
         return 2
+    if a.out:
+        from paratrain.errors import ConfigError
+        from paratrain.fileio import check_output_path
+
+        try:  # before a minute of measuring
+            check_output_path(a.out, "--out")
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
     rec = time_per_layer(a.layers, True, a.repeats, a.calls)
     plain = time_per_layer(a.layers, False, a.repeats, a.calls)
@@ -196,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  without recomputation (forward, backward):                       "
           f"{doc['layer_no_recompute_s'] * 1e3:.3f} ms (repeats {min(plain) * 1e3:.3f}-{max(plain) * 1e3:.3f})")
     if a.out:
-        a.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        from paratrain.fileio import atomic_write_text
+
+        atomic_write_text(a.out, json.dumps(doc, indent=1) + "\n", "--out")
         print(f"wrote {a.out}")
     return 0
 

@@ -67,9 +67,13 @@ def test_measurement_runs_and_writes_its_figures(tmp_path, capsys) -> None:  # n
     assert "host time per layer and micro-batch" in capsys.readouterr().out
 
 
-def test_bad_arguments_exit_2(capsys) -> None:  # noqa: ANN001
+def test_bad_arguments_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
     assert bench.main(["--repeats", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # an output path that cannot be written (a directory) is refused before the measuring starts
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err
 
 
 def test_the_prior_is_the_stored_layer_time_over_the_layers_45_kernels() -> None:
